@@ -1,0 +1,53 @@
+# Quartermaster. `make demo` and `make test` set up everything they need themselves.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+KAFKA := deploy/kafka/kafka.sh
+
+.PHONY: help install up down topics demo test test-unit test-integration lint bench bench-core bench-webhook clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@command -v python3 >/dev/null || { echo "python3 not found: install Python 3.11+"; exit 1; }
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install Quartermaster with its test tools
+
+up: install ## start the local Kafka broker (KRaft, no Docker) and create the topics
+	$(KAFKA) start
+	$(VENV)/bin/qm topics create
+
+down: ## stop the local broker
+	$(KAFKA) stop
+
+topics: install ## create the bus topics on a running broker
+	$(VENV)/bin/qm topics create
+
+demo: up ## run the main job on the local broker
+	$(VENV)/bin/qm demo
+
+test: up ## unit, contract and integration tests (starts the broker if needed)
+	QM_REQUIRE_KAFKA=1 $(PY) -m pytest -q
+
+test-unit: install ## tests that need no broker
+	$(PY) -m pytest -q tests/unit tests/contract
+
+lint: install ## ruff
+	$(VENV)/bin/ruff check services tests bench
+
+bench: bench-core bench-webhook ## all benchmarks; JSON in bench/results/
+
+bench-core: install ## quota core: one drain pass over 50,000 workloads
+	$(PY) bench/bench_core.py
+
+bench-webhook: install ## admission webhook latency at 500 and 2,000 requests/s
+	$(PY) bench/bench_webhook.py
+
+clean: ## stop the broker and delete its data
+	$(KAFKA) reset

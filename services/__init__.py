@@ -1,0 +1,1 @@
+"""Quartermaster: a GPU governance plane for Kubernetes (see ARCHITECTURE in docs)."""

@@ -1,0 +1,190 @@
+"""Kafka plumbing shared by the services, the CLI and the tests (aiokafka).
+
+Topic names, partitions and cleanup policies come from schemas/topics.yaml; nothing here
+hard-codes a topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
+
+from services.contracts.codec import ContractError, Envelope, decode, encode
+from services.contracts.schemas import TopicSpec, dlq_retention_ms, topic_specs
+
+# Headers on a dead-lettered message: why it was refused and where it came from.
+DLQ_ERROR = "qm-error"
+DLQ_SOURCE_TOPIC = "qm-source-topic"
+DLQ_SOURCE_PARTITION = "qm-source-partition"
+DLQ_SOURCE_OFFSET = "qm-source-offset"
+DLQ_CONSUMER = "qm-consumer"
+
+
+class BrokerUnavailable(RuntimeError):
+    pass
+
+
+def dlq_headers(error: str, topic: str, partition: int, offset: int, consumer: str) -> list[tuple[str, bytes]]:
+    return [
+        (DLQ_ERROR, error.encode()),
+        (DLQ_SOURCE_TOPIC, topic.encode()),
+        (DLQ_SOURCE_PARTITION, str(partition).encode()),
+        (DLQ_SOURCE_OFFSET, str(offset).encode()),
+        (DLQ_CONSUMER, consumer.encode()),
+    ]
+
+
+async def wait_for_broker(bootstrap: str, timeout_s: float = 60.0) -> None:
+    """Return once the broker answers a metadata request; raise BrokerUnavailable with what to do."""
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+        try:
+            await admin.start()
+            await admin.list_topics()
+            return
+        except (KafkaConnectionError, OSError, asyncio.TimeoutError) as exc:
+            last = exc
+            await asyncio.sleep(0.5)
+        finally:
+            await admin.close()
+    raise BrokerUnavailable(
+        f"no Kafka broker answers at {bootstrap} ({last}); start one with `make up` "
+        "or set QM_KAFKA_BOOTSTRAP"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TopicCreation:
+    name: str
+    created: bool
+    partitions: int
+    cleanup_policy: str
+
+
+def _new_topics(specs: Iterable[TopicSpec], prefix: str) -> list[NewTopic]:
+    topics = []
+    for spec in specs:
+        config = {"cleanup.policy": spec.cleanup_policy}
+        if spec.retention_ms is not None:
+            config["retention.ms"] = str(spec.retention_ms)
+        if spec.cleanup_policy == "compact":
+            # Compact soon enough that a restarted reader does not replay a long history.
+            config["min.cleanable.dirty.ratio"] = "0.1"
+            config["segment.ms"] = "600000"
+        topics.append(NewTopic(prefix + spec.name, spec.partitions, spec.replication_factor, topic_configs=config))
+        topics.append(
+            NewTopic(
+                prefix + spec.dlq,
+                1,
+                spec.replication_factor,
+                topic_configs={"cleanup.policy": "delete", "retention.ms": str(dlq_retention_ms())},
+            )
+        )
+    return topics
+
+
+async def create_topics(bootstrap: str, prefix: str = "") -> list[TopicCreation]:
+    """Create every topic of topics.yaml (and its DLQ) that does not exist yet. Idempotent."""
+    await wait_for_broker(bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        wanted = _new_topics(topic_specs().values(), prefix)
+        missing = [t for t in wanted if t.name not in existing]
+        if missing:
+            try:
+                await admin.create_topics(missing)
+            except TopicAlreadyExistsError:
+                pass  # another process created them between list and create
+        return [
+            TopicCreation(t.name, t in missing, t.num_partitions, t.topic_configs["cleanup.policy"]) for t in wanted
+        ]
+    finally:
+        await admin.close()
+
+
+class Publisher:
+    """Encodes (strictly validating) and sends envelopes; used by the CLI, drivers and tests."""
+
+    def __init__(self, bootstrap: str, prefix: str = "") -> None:
+        self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+        self._prefix = prefix
+
+    async def __aenter__(self) -> Publisher:
+        await self._producer.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self._producer.stop()
+
+    async def publish(self, topic: str, key: str, envelope: Envelope) -> None:
+        await self._producer.send(self._prefix + topic, key=key.encode(), value=encode(envelope))
+
+    async def publish_raw(self, topic: str, key: bytes | None, value: bytes, headers=None) -> None:
+        await self._producer.send(self._prefix + topic, key=key, value=value, headers=headers)
+
+    async def flush(self) -> None:
+        await self._producer.flush()
+
+
+@dataclass(frozen=True, slots=True)
+class RawRecord:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...]
+
+
+async def read_topic(bootstrap: str, topic: str, *, idle_timeout_s: float = 1.0) -> AsyncIterator[RawRecord]:
+    """Every record currently in a topic, from the beginning to the end offsets seen at start.
+
+    Reads without a consumer group (nothing committed), for tools and tests."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        partitions = consumer.partitions_for_topic(topic)
+        if partitions is None:
+            await consumer._client.force_metadata_update()
+            partitions = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        if not tps:
+            return
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        end = await consumer.end_offsets(tps)
+        remaining = {tp for tp in tps if end[tp] > 0}
+        while remaining:
+            batch = await consumer.getmany(*remaining, timeout_ms=int(idle_timeout_s * 1000))
+            if not batch:
+                for tp in list(remaining):
+                    if await consumer.position(tp) >= end[tp]:
+                        remaining.discard(tp)
+                continue
+            for tp, records in batch.items():
+                for r in records:
+                    if r.offset < end[tp]:
+                        yield RawRecord(r.topic, r.partition, r.offset, r.key, r.value, tuple(r.headers or ()))
+                if records and records[-1].offset + 1 >= end[tp]:
+                    remaining.discard(tp)
+    finally:
+        await consumer.stop()
+
+
+async def read_envelopes(bootstrap: str, topic: str) -> AsyncIterator[tuple[RawRecord, Envelope | ContractError]]:
+    """Like read_topic, decoding each value; an unreadable one comes back as its ContractError."""
+    async for record in read_topic(bootstrap, topic):
+        try:
+            yield record, decode(record.value)
+        except ContractError as error:
+            yield record, error

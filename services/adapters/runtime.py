@@ -1,0 +1,206 @@
+"""The thin shell every service shares: one faust App per service, its own consumer group,
+/metrics, /healthz, /readyz, JSON logs, decode-or-dead-letter, and idempotent folds.
+
+A service module builds a `ServiceRuntime`, registers handlers with `consume()`, keeps its
+state in `table()`s and stores it with `apply_once()`; it never talks to aiokafka directly.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import faust
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+
+from services.adapters import logs
+from services.adapters.bus import dlq_headers
+from services.adapters.settings import Settings
+from services.contracts.codec import ContractError, Envelope, decode, encode
+from services.contracts.schemas import topic_specs
+
+MESSAGES_CONSUMED = Counter("qm_messages_consumed_total", "Messages read from the bus", ["service", "topic"])
+MESSAGES_DEAD_LETTERED = Counter(
+    "qm_messages_dead_lettered_total", "Messages sent to a dead-letter topic", ["service", "topic", "kind"]
+)
+DUPLICATES_SKIPPED = Counter("qm_duplicate_events_skipped_total", "Redelivered events ignored", ["service", "table"])
+
+# How many recent event ids each table key remembers. Redelivery after a crash only replays
+# what was consumed since the last offset commit (a few seconds), far fewer than this per key.
+SEEN_WINDOW = 4096
+
+
+class TemporaryError(Exception):
+    """A handler failure worth retrying (a dependency is briefly away); the message is redelivered."""
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """One message a fold wants published: topic name (from topics.yaml), key, envelope."""
+
+    topic: str
+    key: str
+    envelope: Envelope
+
+
+Handler = Callable[[Envelope, Any], Awaitable[None]]
+
+
+class ServiceRuntime:
+    def __init__(self, settings: Settings, **faust_options: Any) -> None:
+        self.settings = settings
+        logs.configure(settings.service, settings.log_level)
+        Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
+        self.log = logs.bind(logging.getLogger(f"qm.{settings.service}"), service=settings.service)
+        self.app = faust.App(
+            settings.app_id,
+            broker=f"kafka://{settings.kafka_bootstrap}",
+            store=settings.store,
+            datadir=f"{settings.data_dir}/{settings.app_id}",
+            web_host=settings.web_host,
+            web_port=settings.web_port,
+            web_bind=settings.web_host,
+            topic_replication_factor=1,
+            topic_allow_declare=True,
+            consumer_auto_offset_reset="earliest",
+            producer_acks=-1,
+            table_standby_replicas=0,
+            **faust_options,
+        )
+        self._topics: dict[str, faust.TopicT] = {}
+        self._register_pages()
+
+    # -- topics -------------------------------------------------------------------------
+
+    def topic(self, name: str) -> faust.TopicT:
+        """A topic of topics.yaml (or its .dlq) with raw bytes in and out: the codec is ours."""
+        if name not in self._topics:
+            base = name.removesuffix(".dlq")
+            spec = topic_specs()[base]
+            self._topics[name] = self.app.topic(
+                self.settings.topic(name),
+                key_serializer="raw",
+                value_serializer="raw",
+                partitions=1 if name.endswith(".dlq") else spec.partitions,
+                internal=False,
+            )
+        return self._topics[name]
+
+    def consume(self, topic_name: str, handler: Handler, *, agent_name: str | None = None) -> None:
+        """Run `handler(envelope, event)` for every readable message of a topic.
+
+        Unreadable or invalid messages go to `<topic>.dlq` with the reason in headers, and
+        the stream goes on. A handler's unexpected exception dead-letters that message too
+        (with the exception named), so one bad event cannot stop a service."""
+        source = self.topic(topic_name)
+        runtime = self
+
+        async def agent(stream):
+            async for event in stream.events():
+                MESSAGES_CONSUMED.labels(runtime.settings.service, topic_name).inc()
+                try:
+                    envelope = decode(event.value)
+                except ContractError as error:
+                    await runtime.dead_letter(topic_name, event, f"contract: {error}", kind="contract")
+                    continue
+                try:
+                    await handler(envelope, event)
+                except TemporaryError:
+                    raise  # let faust crash and restart the agent: the message is redelivered
+                except Exception as error:  # noqa: BLE001 - a handler bug must not stop the stream
+                    runtime.log.exception(
+                        "handler failed; message dead-lettered",
+                        event_id=envelope.event_id,
+                        event_type=envelope.event_type,
+                        topic=topic_name,
+                    )
+                    await runtime.dead_letter(
+                        topic_name, event, f"handler: {type(error).__name__}: {error}", kind="handler"
+                    )
+
+        agent.__name__ = agent_name or f"consume_{topic_name.replace('.', '_')}"
+        self.app.agent(source, name=agent.__name__)(agent)
+
+    async def dead_letter(self, topic_name: str, event: Any, error: str, *, kind: str) -> None:
+        message = event.message
+        self.log.warning(
+            "message dead-lettered",
+            topic=topic_name,
+            partition=message.partition,
+            offset=message.offset,
+            reason=kind,
+            error=error,
+        )
+        MESSAGES_DEAD_LETTERED.labels(self.settings.service, topic_name, kind).inc()
+        fut = await self.topic(f"{topic_name}.dlq").send(
+            key=message.key,
+            value=message.value,
+            headers=dlq_headers(error, message.topic, message.partition, message.offset, self.settings.app_id),
+        )
+        await fut
+
+    async def publish(self, outputs: Iterable[Output]) -> None:
+        """Send outputs and wait until the broker has them (see apply_once for why)."""
+        pending = [
+            await self.topic(o.topic).send(key=o.key.encode(), value=encode(o.envelope)) for o in outputs
+        ]
+        for fut in pending:
+            await fut
+
+    # -- state --------------------------------------------------------------------------
+
+    def table(self, name: str, *, partitions: int, help: str = "") -> faust.Table:
+        """A changelog-backed table; values are JSON-able dicts managed by apply_once."""
+        return self.app.Table(name, default=None, partitions=partitions, value_type=None, help=help)
+
+    async def apply_once(
+        self,
+        table: faust.Table,
+        key: str,
+        envelope: Envelope,
+        fold: Callable[[Any, Envelope], tuple[Any, list[Output]]],
+    ) -> bool:
+        """Apply `fold(state, envelope) -> (state, outputs)` to one key, at most once per event id.
+
+        Outputs are acknowledged by the broker *before* the new state is stored, so a crash
+        can never leave a stored state whose outputs were lost: either the state (and the
+        seen id) was written after its outputs, or the event is redelivered and recomputed,
+        and its outputs carry the same deterministic ids for downstream dedupe.
+        Returns False for a duplicate."""
+        entry = table.get(key) or {"state": None, "seen": []}
+        if envelope.event_id in entry["seen"]:
+            DUPLICATES_SKIPPED.labels(self.settings.service, table.name).inc()
+            return False
+        state, outputs = fold(entry["state"], envelope)
+        await self.publish(outputs)
+        table[key] = {"state": state, "seen": [*entry["seen"][-(SEEN_WINDOW - 1) :], envelope.event_id]}
+        return True
+
+    # -- http ---------------------------------------------------------------------------
+
+    def _register_pages(self) -> None:
+        app = self.app
+
+        @app.page("/healthz")
+        async def healthz(web, request):
+            return web.json({"status": "ok", "service": self.settings.service})
+
+        @app.page("/readyz")
+        async def readyz(web, request):
+            recovering = app.tables.recovery.in_recovery if app.tables else False
+            ready = not app.rebalancing and not recovering
+            return web.json(
+                {"ready": ready, "rebalancing": app.rebalancing, "recovering": recovering},
+                status=200 if ready else 503,
+            )
+
+        @app.page("/metrics")
+        async def metrics(web, request):
+            return web.bytes(generate_latest(), content_type=CONTENT_TYPE_LATEST.split(";")[0])
+
+    def main(self) -> None:
+        """Run as a faust worker: `python -m services.<name> worker`."""
+        self.app.main()

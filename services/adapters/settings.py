@@ -1,0 +1,58 @@
+"""Service settings, read once from the environment into a frozen object."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from importlib.util import find_spec
+
+# One web port per service, so all five can run on one machine.
+DEFAULT_WEB_PORTS = {
+    "watcher": 6061,
+    "admission": 6062,
+    "queue-manager": 6063,
+    "preemption": 6064,
+    "cost-accounting": 6065,
+}
+
+
+def _default_store() -> str:
+    # rocksdb keeps large tables off the heap; without rocksdict, memory:// rebuilds from the changelog.
+    return "rocksdb://" if find_spec("rocksdict") else "memory://"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    service: str
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    topic_prefix: str = ""
+    store: str = "memory://"
+    data_dir: str = "/tmp/quartermaster"
+    web_host: str = "127.0.0.1"
+    web_port: int = 6060
+    log_level: str = "info"
+    app_id_suffix: str = ""
+
+    @property
+    def app_id(self) -> str:
+        """The faust app id is the consumer group: one per service (per test run when suffixed)."""
+        return f"qm-{self.service}{self.app_id_suffix}"
+
+    def topic(self, name: str) -> str:
+        return f"{self.topic_prefix}{name}"
+
+    @classmethod
+    def from_env(cls, service: str, environ: dict[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        key = service.upper().replace("-", "_")
+        return cls(
+            service=service,
+            kafka_bootstrap=env.get("QM_KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
+            topic_prefix=env.get("QM_TOPIC_PREFIX", ""),
+            store=env.get("QM_STORE", _default_store()),
+            data_dir=env.get("QM_DATA_DIR", "/tmp/quartermaster"),
+            web_host=env.get("QM_WEB_HOST", "127.0.0.1"),
+            web_port=int(env.get(f"QM_{key}_WEB_PORT", env.get("QM_WEB_PORT", DEFAULT_WEB_PORTS.get(service, 6060)))),
+            log_level=env.get("QM_LOG_LEVEL", "info"),
+            app_id_suffix=env.get("QM_APP_ID_SUFFIX", ""),
+        )

@@ -1,0 +1,202 @@
+"""The wire format: an envelope around a typed payload, serialized with orjson.
+
+Producers validate strictly (unknown fields are a bug on our side); consumers validate
+leniently (unknown fields from a newer producer are ignored, so additive changes within a
+major version never break a reader). Every refusal is a ContractError that names the event
+type and the field.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import cache
+from typing import Any
+
+import orjson
+from jsonschema import Draft202012Validator, FormatChecker
+
+from services.contracts.events import RECORD_TYPES
+from services.contracts.schemas import envelope_schema, event_schema
+
+SCHEMA_VERSION = "1.0"
+
+
+class ContractError(ValueError):
+    """A message does not follow its contract. `where` names the event type and field."""
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(f"{where}: {problem}")
+        self.where = where
+        self.problem = problem
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    event_id: str
+    event_type: str
+    occurred_at: str
+    producer: str
+    payload: Any
+    correlation_id: str | None = None
+    causation_id: str | None = None
+    schema_version: str = SCHEMA_VERSION
+
+
+def event_id_for(*parts: object) -> str:
+    """A deterministic event id: the same inputs always give the same id, so replays dedupe."""
+    return hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).hexdigest()[:32]
+
+
+def utc_iso(moment: datetime) -> str:
+    """ISO-8601 in UTC with a Z, the only time format on the bus."""
+    if moment.tzinfo is None:
+        raise ValueError("naive datetime: event times must be timezone-aware (UTC)")
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def parse_utc(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+
+
+def make_envelope(
+    payload: Any,
+    *,
+    producer: str,
+    occurred_at: datetime | str,
+    identity: tuple | None = None,
+    cause: Envelope | None = None,
+) -> Envelope:
+    """Wrap a payload record. The event id derives from the event type and `identity`
+    (default: the causing event's id and the whole payload), and the causing envelope passes
+    on its correlation id."""
+    at = occurred_at if isinstance(occurred_at, str) else utc_iso(occurred_at)
+    if identity is not None:
+        basis = identity
+    else:  # the payload itself, and what caused it: the same output of two inputs stays two events
+        basis = (cause.event_id if cause else "", orjson.dumps(payload_to_dict(payload), option=orjson.OPT_SORT_KEYS))
+    return Envelope(
+        event_id=event_id_for(payload.EVENT_TYPE, *basis),
+        event_type=payload.EVENT_TYPE,
+        occurred_at=at,
+        producer=producer,
+        payload=payload,
+        correlation_id=(cause.correlation_id or cause.event_id) if cause else None,
+        causation_id=cause.event_id if cause else None,
+    )
+
+
+def payload_to_dict(payload: Any) -> dict:
+    """Record -> JSON-able dict; optional fields left as None are omitted."""
+    return {f.name: v for f in dataclasses.fields(payload) if (v := getattr(payload, f.name)) is not None}
+
+
+def envelope_to_dict(envelope: Envelope) -> dict:
+    return {
+        "event_id": envelope.event_id,
+        "event_type": envelope.event_type,
+        "schema_version": envelope.schema_version,
+        "occurred_at": envelope.occurred_at,
+        "producer": envelope.producer,
+        "correlation_id": envelope.correlation_id,
+        "causation_id": envelope.causation_id,
+        "payload": payload_to_dict(envelope.payload),
+    }
+
+
+def encode(envelope: Envelope) -> bytes:
+    """Validate strictly and serialize. Raises ContractError naming the field."""
+    document = envelope_to_dict(envelope)
+    validate_document(document, strict=True)
+    return orjson.dumps(document)
+
+
+def decode(data: bytes | str) -> Envelope:
+    """Parse and validate leniently. Raises ContractError for anything unreadable."""
+    try:
+        document = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise ContractError("message", f"not valid JSON ({exc})") from None
+    return from_document(document)
+
+
+def from_document(document: Any) -> Envelope:
+    validate_document(document, strict=False)
+    record_type = RECORD_TYPES[document["event_type"]]
+    known = record_type.__dataclass_fields__
+    payload = record_type(**{k: v for k, v in document["payload"].items() if k in known})
+    return Envelope(
+        event_id=document["event_id"],
+        event_type=document["event_type"],
+        occurred_at=document["occurred_at"],
+        producer=document["producer"],
+        payload=payload,
+        correlation_id=document.get("correlation_id"),
+        causation_id=document.get("causation_id"),
+        schema_version=document["schema_version"],
+    )
+
+
+def validate_document(document: Any, *, strict: bool) -> None:
+    if not isinstance(document, dict):
+        raise ContractError("message", f"expected a JSON object, got {type(document).__name__}")
+    _raise_first(_validator("envelope", strict), document, "envelope")
+    event_type = document["event_type"]
+    if event_type not in RECORD_TYPES:
+        major = event_type.rsplit(".v", 1)[-1]
+        raise ContractError(
+            f"envelope.event_type {event_type!r}",
+            f"unknown event type (major version {major}); known types: see schemas/events/",
+        )
+    _raise_first(_validator(event_type, strict), document["payload"], event_type, prefix="payload")
+
+
+def _raise_first(validator: Draft202012Validator, instance: Any, where: str, prefix: str = "") -> None:
+    error = min(validator.iter_errors(instance), key=lambda e: list(map(str, e.absolute_path)), default=None)
+    if error is not None:
+        raise ContractError(f"{where}: {_field_path(prefix, error.absolute_path)}", error.message)
+
+
+def _field_path(prefix: str, path: Any) -> str:
+    """('payload', ['pod_sets', 0, 'count']) -> 'payload.pod_sets[0].count'."""
+    text = prefix
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(top level)"
+
+
+_formats = FormatChecker()
+
+
+@_formats.checks("date-time", raises=ValueError)
+def _is_utc_timestamp(value: object) -> bool:
+    """RFC 3339 with an explicit offset (we write Z); jsonschema does not check this by itself."""
+    if not isinstance(value, str):
+        return True
+    if not ("T" in value and (value.endswith("Z") or value[-6] in "+-")):
+        raise ValueError("needs a date, a time and a UTC offset, e.g. 2026-11-29T10:00:00Z")
+    datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return True
+
+
+@cache
+def _validator(name: str, strict: bool) -> Draft202012Validator:
+    schema = envelope_schema() if name == "envelope" else event_schema(name)
+    if not strict:
+        schema = _tolerate_unknown_fields(copy.deepcopy(schema))
+    return Draft202012Validator(schema, format_checker=_formats)
+
+
+def _tolerate_unknown_fields(node: Any) -> Any:
+    if isinstance(node, dict):
+        if node.get("additionalProperties") is False:
+            del node["additionalProperties"]
+        for value in node.values():
+            _tolerate_unknown_fields(value)
+    elif isinstance(node, list):
+        for value in node:
+            _tolerate_unknown_fields(value)
+    return node

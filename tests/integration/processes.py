@@ -1,0 +1,74 @@
+"""Start and stop real service processes for integration tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Worker:
+    process: subprocess.Popen
+    port: int
+    log_path: Path
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=1) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def wait_ready(self, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.process.returncode}; log:\n{self.log()}")
+            if self.ready():
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"worker not ready in {timeout_s}s; log:\n{self.log()}")
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log(self) -> str:
+        return self.log_path.read_text()[-4000:] if self.log_path.exists() else ""
+
+
+def start_worker(module: str, env: dict[str, str], log_path: Path) -> Worker:
+    port = free_port()
+    full_env = {**os.environ, **env, "QM_WEB_PORT": str(port), "PYTHONPATH": str(REPO)}
+    log_file = open(log_path, "ab")  # noqa: SIM115 - closed with the process
+    process = subprocess.Popen(
+        [sys.executable, "-m", module, "worker", "--loglevel", "warn"],
+        cwd=REPO,
+        env=full_env,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+    )
+    return Worker(process, port, log_path)

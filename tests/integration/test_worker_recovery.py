@@ -1,0 +1,170 @@
+"""A real faust worker on the real broker: dead letters, and SIGKILL in mid-stream.
+
+The worker (tests/integration/workers/usage_worker.py) folds reservations and releases into
+a changelog-backed table keyed by namespace, storing each event id with the state it
+changed, and publishes each new total on qm.usage."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections import Counter
+
+import orjson
+import pytest
+
+from services.adapters.bus import DLQ_ERROR, Publisher, read_envelopes, read_topic
+from services.contracts.codec import event_id_for, make_envelope
+from services.contracts.events import WorkloadPending, WorkloadQuotaReserved, WorkloadReleased
+from tests.integration.processes import start_worker
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+NAMESPACES = [f"team-{i}" for i in range(8)]
+T0 = "2026-11-29T10:00:00Z"
+
+
+def usage_events(count: int, seed: int = 7):
+    """Reservations and releases across namespaces; the expected table is their plain sum."""
+    rng = random.Random(seed)
+    open_reservations: list[tuple[str, str, int]] = []
+    events = []
+    for i in range(count):
+        if open_reservations and rng.random() < 0.4:
+            uid, ns, gpus = open_reservations.pop(rng.randrange(len(open_reservations)))
+            payload = WorkloadReleased(uid=uid, namespace=ns, name=uid, cluster_queue="cq", reason="Finished",
+                                       usage={"a100": {"nvidia.com/gpu": gpus}}, released_at=T0)
+        else:
+            ns, gpus = rng.choice(NAMESPACES), rng.choice([1000, 2000, 4000, 8000, 460])
+            uid = f"wl-{i}"
+            open_reservations.append((uid, ns, gpus))
+            payload = WorkloadQuotaReserved(uid=uid, namespace=ns, name=uid, cluster_queue="cq", flavors={},
+                                            counts={"main": 1}, usage={"a100": {"nvidia.com/gpu": gpus}}, reserved_at=T0)
+        events.append(make_envelope(payload, producer="test", occurred_at=T0, identity=(i,)))
+    return events
+
+
+def expected_table(events) -> dict[str, dict]:
+    table: dict[str, dict] = {}
+    for e in events:
+        sign = 1 if isinstance(e.payload, WorkloadQuotaReserved) else -1
+        row = table.setdefault(e.payload.namespace, {"reserved_gpu_milli": 0, "applied": 0})
+        row["reserved_gpu_milli"] += sign * e.payload.usage["a100"]["nvidia.com/gpu"]
+        row["applied"] += 1
+    return table
+
+
+async def changelog_table(bootstrap: str, topic: str) -> dict[str, dict]:
+    """The table as its changelog holds it: the latest value per key."""
+    latest = {}
+    async for record in read_topic(bootstrap, topic):
+        latest[orjson.loads(record.key)] = orjson.loads(record.value)["state"] if record.value else None
+    return latest
+
+
+async def publish_all(bootstrap, prefix, events, key=lambda e: e.payload.namespace):
+    async with Publisher(bootstrap, prefix) as bus:
+        for e in events:
+            await bus.publish("qm.workloads", key(e), e)
+        await bus.flush()
+
+
+async def wait_for(condition, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await condition():
+            return
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def worker_env(prefix: str, suffix: str, data_dir) -> dict[str, str]:
+    return {"QM_TOPIC_PREFIX": prefix, "QM_APP_ID_SUFFIX": suffix, "QM_STORE": "memory://", "QM_DATA_DIR": str(data_dir)}
+
+
+async def test_sigkill_mid_stream_loses_nothing_and_applies_nothing_twice(kafka_bootstrap, topic_prefix, tmp_path):
+    events = usage_events(3000)
+    expected = expected_table(events)
+    suffix = f"-{uuid.uuid4().hex[:8]}"
+    changelog = f"qm-usage-test-worker{suffix}-namespace_gpu_usage-changelog"
+    await publish_all(kafka_bootstrap, topic_prefix, events)
+
+    worker = start_worker("tests.integration.workers.usage_worker", worker_env(topic_prefix, suffix, tmp_path), tmp_path / "w1.log")
+    try:
+        worker.wait_ready()
+        async def some_progress():
+            table = await changelog_table(kafka_bootstrap, changelog)
+            return sum((row or {}).get("applied", 0) for row in table.values()) >= 300
+
+        await wait_for(some_progress, 90, "the first worker to apply 300 events")
+        worker.kill()
+        at_kill = await changelog_table(kafka_bootstrap, changelog)
+        assert sum(r["applied"] for r in at_kill.values()) < len(events), "killed too late to test anything"
+    finally:
+        worker.stop()
+
+    restarted = start_worker("tests.integration.workers.usage_worker", worker_env(topic_prefix, suffix, tmp_path), tmp_path / "w2.log")
+    try:
+        restarted.wait_ready()
+        seen = {}
+
+        async def caught_up():
+            seen.update(await changelog_table(kafka_bootstrap, changelog))
+            return seen == expected
+
+        try:
+            await wait_for(caught_up, 120, "the restarted worker to reach the uninterrupted table")
+        finally:
+            assert seen == expected, restarted.log()
+    finally:
+        restarted.stop()
+
+    # Every output the table reflects was published: the latest qm.usage value per namespace matches.
+    latest_usage = {}
+    async for _, envelope in read_envelopes(kafka_bootstrap, topic_prefix + "qm.usage"):
+        latest_usage[envelope.payload.namespace] = envelope
+    # Outputs may repeat after the crash (same deterministic id), never differ.
+    assert {ns: e.payload.total["nvidia.com/gpu"] for ns, e in latest_usage.items()} == {
+        ns: max(row["reserved_gpu_milli"], 0) for ns, row in expected.items()
+    }
+    ids = Counter()
+    async for _, envelope in read_envelopes(kafka_bootstrap, topic_prefix + "qm.usage"):
+        ids[envelope.event_id] += 1
+    assert len(ids) == len(events)
+
+
+async def test_malformed_message_goes_to_the_dlq_and_the_stream_goes_on(kafka_bootstrap, topic_prefix, tmp_path):
+    suffix = f"-{uuid.uuid4().hex[:8]}"
+    good = usage_events(1)[0]
+    wrong_event = make_envelope(
+        WorkloadPending(uid="u1", namespace="team-0", name="n", reason="R", message="m"),
+        producer="test", occurred_at=T0, identity=("pending",),
+    )
+    async with Publisher(kafka_bootstrap, topic_prefix) as bus:
+        await bus.publish_raw("qm.workloads", b"team-0", b"{this is not json")
+        await bus.publish_raw("qm.workloads", b"team-0", orjson.dumps({"event_id": event_id_for("x"), "payload": {}}))
+        await bus.publish("qm.workloads", "team-0", wrong_event)  # valid contract, but the handler cannot use it
+        await bus.publish("qm.workloads", good.payload.namespace, good)
+        await bus.flush()
+
+    worker = start_worker("tests.integration.workers.usage_worker", worker_env(topic_prefix, suffix, tmp_path), tmp_path / "w.log")
+    changelog = f"qm-usage-test-worker{suffix}-namespace_gpu_usage-changelog"
+    try:
+        worker.wait_ready()
+
+        async def processed():
+            return await changelog_table(kafka_bootstrap, changelog) == expected_table([good])
+
+        await wait_for(processed, 90, "the good message after the bad ones")
+        dead = [r async for r in read_topic(kafka_bootstrap, topic_prefix + "qm.workloads.dlq")]
+    finally:
+        worker.stop()
+
+    reasons = [dict(r.headers)[DLQ_ERROR].decode() for r in dead]
+    assert len(dead) == 3, reasons
+    assert reasons[0].startswith("contract: message: not valid JSON")
+    assert reasons[1].startswith("contract: envelope: (top level):") and "is a required property" in reasons[1]
+    assert reasons[2].startswith("handler: AttributeError")
+    assert dead[0].value == b"{this is not json"
+    assert dict(dead[0].headers)["qm-source-topic"] == (topic_prefix + "qm.workloads").encode()
