@@ -22,9 +22,10 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from services.cli import topics_cmd
+    from services.cli import billing_cmd, topics_cmd
 
     topics_cmd.register(app)
+    billing_cmd.register(app)
 
 
 def main() -> None:
