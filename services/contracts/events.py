@@ -187,6 +187,8 @@ class PodFinished:
     phase: str
     finished_at: str
     node: str | None = None
+    queue_name: str | None = None
+    workload_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -202,6 +204,8 @@ class PodRunning:
     started_at: str
     node: str | None = None
     requests: dict | None = None
+    queue_name: str | None = None
+    workload_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -381,6 +385,20 @@ class WorkloadRequeued:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WorkloadRunning:
+    """All pods of an admitted workload are running: its reservation is no longer idle."""
+
+    EVENT_TYPE = "workload.running.v1"
+
+    uid: str
+    namespace: str
+    name: str
+    started_at: str
+    cluster_queue: str | None = None
+    pods_running: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class WorkloadSubmitted:
     """A workload was created in the cluster and asks to run (a Job with the queue-name label, or a Kueue Workload)."""
 
@@ -446,6 +464,7 @@ RECORD_TYPES: dict[str, type] = {
     "workload.rejected.v1": WorkloadRejected,
     "workload.released.v1": WorkloadReleased,
     "workload.requeued.v1": WorkloadRequeued,
+    "workload.running.v1": WorkloadRunning,
     "workload.submitted.v1": WorkloadSubmitted,
     "workload.validated.v1": WorkloadValidated,
 }
