@@ -1,0 +1,288 @@
+"""The Kubernetes admission webhook: `/validate` (AdmissionReview v1) and `/mutate`.
+
+    app = make_app(policy_store.current, live_state)
+    runner = await serve(app, "0.0.0.0", 8443, cert_file, key_file)
+
+* `/validate` evaluates the compiled policy set against the object with the live usage,
+  budget and cluster signals of the replica, at enforcement point
+  `validation.gatekeeper.sh`. deny → `allowed: false` with a 403 status whose message is
+  one `[constraint] message` line per violation (Gatekeeper's wording); warn →
+  `allowed: true` with `warnings`; dryrun → `allowed: true`, counted in
+  `qm_admission_violations_total{enforcement_action="dryrun"}` and logged only.
+* `/mutate` suspends a batch/v1 Job carrying `kueue.x-k8s.io/queue-name` on CREATE (JSONPatch
+  `spec.suspend = true`), as Kueue's Job webhook does, so nothing starts before admission.
+* `/healthz`, `/readyz`, `/metrics`.
+
+This is a fast *early* reject from a local replica; the race-free quota check is the
+queue-manager's. An unexpected exception answers HTTP 500 so the API server applies the
+webhook's failurePolicy (see deploy/kubernetes/admission-webhook.yaml).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import logging
+import ssl
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from services.policy import EnforcementAction, EnforcementPoint, PolicySet, evaluate
+from services.policy.live import LiveState, StaticLiveState
+from services.policy.views import QUEUE_LABEL, cost_center_of
+
+log = logging.getLogger("services.admission.webhook")
+
+PolicySetProvider = Callable[[], PolicySet | None]
+
+_BUCKETS = (0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+class WebhookMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "qm_admission_requests",
+            "AdmissionReview requests answered",
+            ["endpoint", "result"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "qm_admission_request_duration_seconds", "Time to answer an AdmissionReview", ["endpoint"],
+            buckets=_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.violations = Counter(
+            "qm_admission_violations", "Policy violations found by the webhook", ["policy", "enforcement_action"],
+            registry=registry,
+        )  # fmt: skip
+        self.policies = Gauge("qm_admission_policies", "Policies in the active set", registry=registry)
+
+
+METRICS_KEY = web.AppKey("qm_webhook_metrics", WebhookMetrics)
+
+
+def _review(response: dict[str, Any]) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(
+            {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+        ),
+        content_type="application/json",
+    )
+
+
+def _bad_request(reason: str) -> web.Response:
+    return web.Response(status=400, body=orjson.dumps({"error": reason}), content_type="application/json")
+
+
+async def _read_request(request: web.Request) -> dict[str, Any] | str:
+    try:
+        review = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as e:
+        return f"body is not JSON: {e}"
+    if not isinstance(review, dict) or not isinstance(review.get("request"), dict):
+        return "not an AdmissionReview: missing request"
+    req = review["request"]
+    if not isinstance(req.get("uid"), str):
+        return "AdmissionReview request has no uid"
+    return req
+
+
+def make_app(
+    policy_set_provider: PolicySetProvider,
+    usage_provider: LiveState,
+    *,
+    registry: CollectorRegistry | None = None,
+) -> web.Application:
+    """The webhook application. `usage_provider` supplies Namespaces, usage, budgets, cluster signals."""
+    metrics = WebhookMetrics(registry or CollectorRegistry(auto_describe=True))
+    live = usage_provider
+
+    async def validate(request: web.Request) -> web.Response:
+        t0 = time.perf_counter()
+        req = await _read_request(request)
+        if isinstance(req, str):
+            metrics.requests.labels("validate", "bad_request").inc()
+            return _bad_request(req)
+        policy_set = policy_set_provider()
+        if policy_set is None:
+            raise web.HTTPServiceUnavailable(text="no policy set loaded yet")
+        obj = req.get("object")
+        old = req.get("oldObject")
+        subject = obj if obj is not None else (old or {})
+        namespace = req.get("namespace") or (subject.get("metadata") or {}).get("namespace") or ""
+        if subject.get("kind") == "Namespace" and not namespace:
+            namespace_object: dict[str, Any] | None = subject
+            namespace = (subject.get("metadata") or {}).get("name", "")
+        else:
+            namespace_object = live.namespace(namespace) if namespace else None
+        cost_center = cost_center_of(subject, namespace_object)
+        decision = evaluate(
+            policy_set,
+            obj,
+            namespace_object,
+            live.usage(namespace) if namespace else None,
+            live.budget(cost_center) if cost_center else None,
+            live.cluster(),
+            str(req.get("operation", "CREATE")),
+            old_object=old,
+            user_info=req.get("userInfo"),
+            dry_run=bool(req.get("dryRun", False)),
+            enforcement_point=EnforcementPoint.WEBHOOK,
+        )
+        response: dict[str, Any] = {"uid": req["uid"], "allowed": decision.allowed}
+        if not decision.allowed:
+            response["status"] = {"code": 403, "reason": "Forbidden", "message": decision.message}
+        if decision.warnings:
+            response["warnings"] = list(decision.warnings)
+        for v in decision.violations:
+            metrics.violations.labels(v.policy, v.enforcement_action.value).inc()
+            if v.enforcement_action == EnforcementAction.DRYRUN:
+                log.info(
+                    "dryrun violation",
+                    extra={"namespace": namespace, "workload": subject.get("metadata", {}).get("name", ""),
+                           "policy": v.policy, "decision": "dryrun", "reason": v.message},
+                )  # fmt: skip
+        metrics.requests.labels("validate", "allowed" if decision.allowed else "denied").inc()
+        metrics.duration.labels("validate").observe(time.perf_counter() - t0)
+        return _review(response)
+
+    async def mutate(request: web.Request) -> web.Response:
+        t0 = time.perf_counter()
+        req = await _read_request(request)
+        if isinstance(req, str):
+            metrics.requests.labels("mutate", "bad_request").inc()
+            return _bad_request(req)
+        response: dict[str, Any] = {"uid": req["uid"], "allowed": True}
+        patch = suspend_patch(req)
+        if patch:
+            response["patchType"] = "JSONPatch"
+            response["patch"] = base64.b64encode(orjson.dumps(patch)).decode()
+        metrics.requests.labels("mutate", "patched" if patch else "unchanged").inc()
+        metrics.duration.labels("mutate").observe(time.perf_counter() - t0)
+        return _review(response)
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(_: web.Request) -> web.Response:
+        policy_set = policy_set_provider()
+        ready = getattr(live, "ready", lambda: True)()
+        if policy_set is None or not ready:
+            return web.Response(status=503, text="policy set or live state not ready")
+        return web.Response(text=f"ok policies={len(policy_set)} version={policy_set.version}")
+
+    async def metrics_handler(_: web.Request) -> web.Response:
+        policy_set = policy_set_provider()
+        metrics.policies.set(len(policy_set) if policy_set is not None else 0)
+        return web.Response(
+            body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    app = web.Application(client_max_size=8 * 1024 * 1024)
+    app.router.add_post("/validate", validate)
+    app.router.add_post("/mutate", mutate)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_handler)
+    app[METRICS_KEY] = metrics
+    return app
+
+
+def suspend_patch(req: dict[str, Any]) -> list[dict[str, Any]]:
+    """JSONPatch suspending a new batch/v1 Job that names a Kueue queue; [] otherwise."""
+    if req.get("operation") != "CREATE":
+        return []
+    obj = req.get("object") or {}
+    kind = req.get("kind") or {}
+    group = kind.get("group") if kind else str(obj.get("apiVersion", "")).partition("/")[0]
+    if (kind.get("kind") or obj.get("kind")) != "Job" or group != "batch":
+        return []
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    if not labels.get(QUEUE_LABEL):
+        return []
+    spec = obj.get("spec")
+    if isinstance(spec, dict) and spec.get("suspend") is True:
+        return []
+    if not isinstance(spec, dict):
+        return [{"op": "add", "path": "/spec", "value": {"suspend": True}}]
+    return [{"op": "add", "path": "/spec/suspend", "value": True}]
+
+
+def ssl_context(cert_file: str | Path, key_file: str | Path) -> ssl.SSLContext:
+    """Server TLS from PEM files (TLS 1.2+). Re-call `load_cert_chain` on it to rotate certificates."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(str(cert_file), str(key_file))
+    return ctx
+
+
+async def serve(
+    app: web.Application, host: str, port: int, cert_file: str | Path | None, key_file: str | Path | None
+) -> web.AppRunner:
+    """Start serving (HTTPS when cert and key are given); returns the runner to `cleanup()`."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    ctx = ssl_context(cert_file, key_file) if cert_file and key_file else None
+    await web.TCPSite(runner, host, port, ssl_context=ctx, backlog=1024).start()
+    return runner
+
+
+def _load_state(path: str | None) -> StaticLiveState:
+    if not path:
+        return StaticLiveState()
+    from services.policy.live import load_records
+
+    ns, usage, budgets, cluster = [], [], [], None
+    for rec in load_records(path):
+        if not isinstance(rec, dict):
+            continue
+        if rec.get("kind") == "Namespace":
+            ns.append(rec)
+        elif "costCenter" in rec:
+            budgets.append(rec)
+        elif "namespace" in rec and ("total" in rec or "running" in rec or "reserved" in rec):
+            usage.append(rec)
+        elif rec.get("kind") == "ClusterSignals" or "gpuUtilization" in rec:
+            cluster = rec
+    return StaticLiveState.build(ns, usage, budgets, cluster)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Standalone webhook over a policy directory and a static state file (the bus shell wires Kafka)."""
+    p = argparse.ArgumentParser(description="Quartermaster admission webhook (standalone)")
+    p.add_argument("--policies", required=True, nargs="+")
+    p.add_argument("--state", help="YAML/JSON with Namespaces, qm.usage and qm.budgets records")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8443)
+    p.add_argument("--cert")
+    p.add_argument("--key")
+    args = p.parse_args(argv)
+    policy_set = PolicySet.load(args.policies)
+    state = _load_state(args.state)
+    app = make_app(lambda: policy_set, state)
+
+    async def run() -> None:
+        runner = await serve(app, args.host, args.port, args.cert, args.key)
+        print(f"webhook ready on {'https' if args.cert else 'http'}://{args.host}:{args.port} "
+              f"policies={len(policy_set)} version={policy_set.version}", flush=True)  # fmt: skip
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""`evaluate(policy_set, object, ...) -> AdmissionDecision`: the one evaluator both paths use.
+
+Pure apart from CEL: no I/O, no clock, no logging. A "no" is a decision with reasons.
+
+CEL variables bound for every policy:
+
+=================== ==============================================================
+`object`            the workload (batch/v1 Job, Kueue Workload, Pod, ...); null on DELETE
+`oldObject`         the previous version on UPDATE/DELETE, else null
+`request`           admission attributes: operation, namespace, name, kind, userInfo, dryRun
+`namespaceObject`   the workload's Namespace (labels!), or null when unknown
+`params`            Gatekeeper: the constraint object; Quartermaster: `spec.params`
+`variables`         `anyObject`, `params` (the constraint's parameters) and the template's own
+`workload`          precomputed: gpus, gpuMilli, resources, podSets, queueName,
+                    priorityClass, costCenter, nodeLabels
+`usage`             live `qm.usage` record of the namespace + gpus, reservedGpus, runningGpus,
+                    flavors[f].gpus
+`budget`            `qm.budgets` record of the cost center + known (false when absent)
+`cluster`           cluster signals, e.g. gpuUtilization (0..1)
+=================== ==============================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import cel
+
+from services.policy.celenv import ANY_OBJECT, PARAMS_BY_POLICY, PARAMS_OBJECT_BY_POLICY, functions_for
+from services.policy.loader import PolicySet
+from services.policy.match import MatchError, matches
+from services.policy.model import EnforcementAction, EnforcementPoint, Policy
+from services.policy.views import budget_view, cluster_view, usage_view, workload_view
+
+
+@dataclass(frozen=True)
+class Violation:
+    policy: str
+    enforcement_action: EnforcementAction
+    message: str
+    kind: str = ""
+
+    def __iter__(self):  # unpacks as (policy, enforcementAction, message)
+        return iter((self.policy, self.enforcement_action, self.message))
+
+    def render(self) -> str:
+        return f"[{self.policy}] {self.message}"
+
+
+@dataclass(frozen=True)
+class AdmissionDecision:
+    allowed: bool
+    violations: tuple[Violation, ...] = ()
+    warnings: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()  # evaluation errors of fail-open (Ignore) policies
+
+    @property
+    def denials(self) -> tuple[Violation, ...]:
+        return tuple(v for v in self.violations if v.enforcement_action == EnforcementAction.DENY)
+
+    @property
+    def dryruns(self) -> tuple[Violation, ...]:
+        return tuple(v for v in self.violations if v.enforcement_action == EnforcementAction.DRYRUN)
+
+    @property
+    def message(self) -> str:
+        """Gatekeeper's wording: one `[constraint] message` line per denying violation."""
+        return "\n".join(v.render() for v in self.denials)
+
+
+ALLOWED = AdmissionDecision(True)
+
+
+class _EvalError(Exception):
+    pass
+
+
+def _run(expr, ctx: cel.Context) -> Any:
+    try:
+        return expr.program.execute(ctx)
+    except Exception as e:  # cel raises ValueError/TypeError/RuntimeError/KeyError
+        raise _EvalError(f"{expr.field}: {type(e).__name__}: {e}") from None
+
+
+def _message(policy: Policy, v, ctx: cel.Context) -> str:
+    if v.message_expression is not None:
+        try:
+            out = v.message_expression.program.execute(ctx)
+            if isinstance(out, str) and out.strip():
+                return out
+        except Exception:  # noqa: BLE001 - VAP falls back to `message` on error
+            pass
+    if v.message:
+        return v.message
+    return f"failed expression: {v.expression.source.strip()}"
+
+
+def _evaluate_policy(policy: Policy, ctx: cel.Context) -> list[str]:
+    """Messages of the failed validations (empty: passed). Raises _EvalError."""
+    # Params and template variables were resolved at load time (see loader._specialize), so
+    # the request's context is never modified here: no per-policy re-conversion.
+    for cond in policy.match_conditions:
+        result = _run(cond.expression, ctx)
+        if result is not True:
+            if result is False:
+                return []
+            raise _EvalError(f"{cond.expression.field}: must evaluate to bool, got {type(result).__name__}")
+    if policy.variables:
+        values: dict[str, Any] = {}
+        for var in policy.variables:
+            values[var.name] = _run(var.expression, ctx)
+            ctx.add_variable("variables", values)
+    failed: list[str] = []
+    for v in policy.validations:
+        result = _run(v.expression, ctx)
+        if result is True:
+            continue
+        if result is not False:
+            raise _EvalError(f"{v.expression.field}: must evaluate to bool, got {type(result).__name__}")
+        failed.append(_message(policy, v, ctx))
+    return failed
+
+
+def evaluate(
+    policy_set: PolicySet,
+    object: dict[str, Any] | None,  # noqa: A002 - the CEL name
+    namespace_object: dict[str, Any] | None = None,
+    usage: dict[str, Any] | None = None,
+    budget: dict[str, Any] | None = None,
+    cluster: dict[str, Any] | None = None,
+    operation: str = "CREATE",
+    *,
+    old_object: dict[str, Any] | None = None,
+    user_info: dict[str, Any] | None = None,
+    dry_run: bool = False,
+    enforcement_point: str = EnforcementPoint.ALL,
+) -> AdmissionDecision:
+    """Evaluate every matching policy; return allowed/violations/warnings. Never raises for a 'no'."""
+    any_object = object if object is not None else (old_object or {})
+    meta = any_object.get("metadata") or {}
+    if namespace_object is not None and any_object.get("kind") == "Namespace":
+        namespace = meta.get("name", "")
+    else:
+        namespace = meta.get("namespace") or ((namespace_object or {}).get("metadata") or {}).get("name", "")
+    ctx: cel.Context | None = None
+    violations: list[Violation] = []
+    errors: list[str] = []
+    for policy in policy_set.policies:
+        action = policy.action_for(namespace, enforcement_point)
+        if action is None:
+            continue
+        try:
+            if not matches(policy.match, any_object, namespace_object, operation):
+                continue
+        except MatchError as e:
+            if policy.fail_closed:
+                violations.append(Violation(policy.name, action, f"cannot match: {e}", policy.kind))
+            else:
+                errors.append(f"[{policy.name}] cannot match: {e}")
+            continue
+        if ctx is None:
+            ctx = _context(
+                policy_set, object, any_object, old_object, namespace_object, usage, budget, cluster,
+                operation, namespace, user_info, dry_run,
+            )  # fmt: skip
+        try:
+            messages = _evaluate_policy(policy, ctx)
+        except _EvalError as e:
+            if policy.fail_closed:
+                violations.append(
+                    Violation(policy.name, action, f"policy evaluation failed: {e}", policy.kind)
+                )
+            else:
+                errors.append(f"[{policy.name}] {e}")
+            continue
+        violations.extend(Violation(policy.name, action, m, policy.kind) for m in messages)
+    if not violations and not errors:
+        return ALLOWED
+    return AdmissionDecision(
+        allowed=not any(v.enforcement_action == EnforcementAction.DENY for v in violations),
+        violations=tuple(violations),
+        warnings=tuple(v.render() for v in violations if v.enforcement_action == EnforcementAction.WARN),
+        errors=tuple(errors),
+    )
+
+
+def _context(
+    policy_set: PolicySet,
+    object: dict[str, Any] | None,  # noqa: A002
+    any_object: dict[str, Any],
+    old_object: dict[str, Any] | None,
+    namespace_object: dict[str, Any] | None,
+    usage: dict[str, Any] | None,
+    budget: dict[str, Any] | None,
+    cluster: dict[str, Any] | None,
+    operation: str,
+    namespace: str,
+    user_info: dict[str, Any] | None,
+    dry_run: bool,
+) -> cel.Context:
+    api_version = str(any_object.get("apiVersion", ""))
+    group, _, version = api_version.rpartition("/")
+    request = {
+        "operation": operation,
+        "namespace": namespace,
+        "name": (any_object.get("metadata") or {}).get("name", ""),
+        "kind": {"group": group, "version": version, "kind": any_object.get("kind", "")},
+        "userInfo": user_info or {},
+        "dryRun": dry_run,
+    }
+    refs = policy_set.references
+    builders: dict[str, Any] = {
+        "object": lambda: object,
+        "oldObject": lambda: old_object,
+        ANY_OBJECT: lambda: any_object,
+        "request": lambda: request,
+        "namespaceObject": lambda: namespace_object,
+        "workload": lambda: workload_view(any_object, namespace_object),
+        "usage": lambda: usage_view(usage, namespace),
+        "budget": lambda: budget_view(budget),
+        "cluster": lambda: cluster_view(cluster),
+        PARAMS_BY_POLICY: lambda: policy_set.bindings.get(PARAMS_BY_POLICY, {}),
+        PARAMS_OBJECT_BY_POLICY: lambda: policy_set.bindings.get(PARAMS_OBJECT_BY_POLICY, {}),
+    }
+    # Converting a value into CEL costs ~10 µs per KB; bind only what some policy reads.
+    variables = {name: build() for name, build in builders.items() if name in refs}
+    return cel.Context(variables=variables, functions=functions_for(policy_set.functions))

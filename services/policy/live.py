@@ -1,0 +1,78 @@
+"""Where the evaluator's live inputs come from: Namespaces, qm.usage, qm.budgets, cluster signals.
+
+The webhook and `qm policy what-if` take any `LiveState`. Production wires the admission
+service's read-only replicas of the compacted topics; tests, the bench and what-if use
+`StaticLiveState` (built from dicts or a snapshot file).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+
+class LiveState(Protocol):
+    def namespace(self, name: str) -> dict[str, Any] | None: ...
+    def usage(self, namespace: str) -> dict[str, Any] | None: ...
+    def budget(self, cost_center: str) -> dict[str, Any] | None: ...
+    def cluster(self) -> dict[str, Any] | None: ...
+    def ready(self) -> bool: ...
+
+
+@dataclass
+class StaticLiveState:
+    """An in-memory `LiveState`: the fake for tests and the source for file snapshots."""
+
+    namespaces: dict[str, dict[str, Any]] = field(default_factory=dict)
+    usages: dict[str, dict[str, Any]] = field(default_factory=dict)
+    budgets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cluster_signals: dict[str, Any] | None = None
+
+    def namespace(self, name: str) -> dict[str, Any] | None:
+        return self.namespaces.get(name)
+
+    def usage(self, namespace: str) -> dict[str, Any] | None:
+        return self.usages.get(namespace)
+
+    def budget(self, cost_center: str) -> dict[str, Any] | None:
+        return self.budgets.get(cost_center)
+
+    def cluster(self) -> dict[str, Any] | None:
+        return self.cluster_signals
+
+    def ready(self) -> bool:
+        return True
+
+    @classmethod
+    def build(
+        cls,
+        namespaces: Iterable[Mapping[str, Any]] = (),
+        usages: Iterable[Mapping[str, Any]] = (),
+        budgets: Iterable[Mapping[str, Any]] = (),
+        cluster: Mapping[str, Any] | None = None,
+    ) -> StaticLiveState:
+        return cls(
+            {n["metadata"]["name"]: dict(n) for n in namespaces},
+            {u["namespace"]: dict(u) for u in usages},
+            {b["costCenter"]: dict(b) for b in budgets},
+            dict(cluster) if cluster else None,
+        )
+
+
+def load_records(path: str | Path) -> list[Any]:
+    """Documents of a YAML/JSON file, flattening `List`/`items` and top-level lists."""
+    out: list[Any] = []
+    for doc in yaml.safe_load_all(Path(path).read_text()):
+        if doc is None:
+            continue
+        if isinstance(doc, list):
+            out.extend(doc)
+        elif isinstance(doc, dict) and isinstance(doc.get("items"), list) and "kind" in doc:
+            out.extend(doc["items"])
+        else:
+            out.append(doc)
+    return out

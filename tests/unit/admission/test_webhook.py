@@ -1,0 +1,217 @@
+"""The webhook over real HTTPS (self-signed cert) with real AdmissionReview v1 JSON."""
+
+import base64
+import json
+import socket
+import ssl
+
+import aiohttp
+import pytest
+
+from services.admission.webhook import make_app, serve
+from services.policy import PolicySet
+from services.policy.live import StaticLiveState
+from services.policy.loader import Document
+
+TEMPLATE = """
+apiVersion: templates.gatekeeper.sh/v1
+kind: ConstraintTemplate
+metadata: {name: k8sbanexcessgpuquota}
+spec:
+  crd: {spec: {names: {kind: K8sBanExcessGpuQuota}}}
+  targets:
+  - target: admission.k8s.gatekeeper.sh
+    code:
+    - engine: K8sNativeValidation
+      source:
+        validations:
+        - expression: 'usage.gpus + workload.gpus <= variables.params.maxGpu'
+          messageExpression: '"namespace " + request.namespace + " used " + string(usage.gpus) + " GPU, requesting " + string(workload.gpus) + ", max is " + string(variables.params.maxGpu)'
+"""
+
+
+def constraint(name, action, namespaces):
+    return f"""
+apiVersion: constraints.gatekeeper.sh/v1beta1
+kind: K8sBanExcessGpuQuota
+metadata: {{name: {name}}}
+spec:
+  enforcementAction: {action}
+  match:
+    kinds: [{{apiGroups: ["batch"], kinds: ["Job"]}}]
+    namespaces: {json.dumps(namespaces)}
+  parameters: {{maxGpu: 32}}
+"""
+
+
+def load(*texts):
+    import yaml
+
+    docs = [Document("t.yaml", i, d) for i, t in enumerate(texts) for d in yaml.safe_load_all(t) if d]
+    return PolicySet.from_documents(docs)
+
+
+POLICIES = load(
+    TEMPLATE,
+    constraint("max-gpu-deny", "deny", ["ml-team"]),
+    constraint("max-gpu-warn", "warn", ["staging"]),
+    constraint("max-gpu-dryrun", "dryrun", ["canary"]),
+)
+
+
+def usage(ns, gpus):
+    return {"namespace": ns, "reserved": {}, "running": {"a100-flavor": {"nvidia.com/gpu": gpus * 1000}},
+            "total": {"nvidia.com/gpu": gpus * 1000}}  # fmt: skip
+
+
+LIVE = StaticLiveState.build(
+    namespaces=[
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}
+        for n in ("ml-team", "staging", "canary")
+    ],
+    usages=[usage("ml-team", 28), usage("staging", 28), usage("canary", 28)],
+)
+
+
+def job(ns, gpus_per_pod=4, parallelism=2, queue="team-ml", suspend=None):
+    spec = {"parallelism": parallelism, "template": {"spec": {"restartPolicy": "Never", "containers": [
+        {"name": "trainer", "image": "pytorch", "resources": {"limits": {"nvidia.com/gpu": str(gpus_per_pod)}}}]}}}  # fmt: skip
+    if suspend is not None:
+        spec["suspend"] = suspend
+    labels = {"kueue.x-k8s.io/queue-name": queue} if queue else {}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train", "namespace": ns, "labels": labels},
+            "spec": spec}  # fmt: skip
+
+
+def review(obj, operation="CREATE", uid="705ab4f5-6393-11e8-b7cc-42010a800002"):
+    """An AdmissionReview v1 as the API server sends it."""
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "batch", "version": "v1", "kind": "Job"},
+            "resource": {"group": "batch", "version": "v1", "resource": "jobs"},
+            "requestKind": {"group": "batch", "version": "v1", "kind": "Job"},
+            "requestResource": {"group": "batch", "version": "v1", "resource": "jobs"},
+            "name": obj["metadata"]["name"],
+            "namespace": obj["metadata"]["namespace"],
+            "operation": operation,
+            "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+            "object": obj,
+            "oldObject": None,
+            "dryRun": False,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+        },
+    }
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+async def webhook(tls_files):
+    cert, key = tls_files
+    port = free_port()
+    app = make_app(lambda: POLICIES, LIVE)
+    runner = await serve(app, "127.0.0.1", port, cert, key)
+    ctx = ssl.create_default_context(cafile=str(cert))  # verifies the server cert and hostname
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as session:
+        yield session, f"https://127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+async def post(session, url, body):
+    async with session.post(url, data=json.dumps(body), headers={"Content-Type": "application/json"}) as r:
+        assert r.status == 200, await r.text()
+        return await r.json()
+
+
+@pytest.mark.parametrize(
+    "namespace, allowed, status_message, warnings",
+    [
+        ("ml-team", False, "[max-gpu-deny] namespace ml-team used 28 GPU, requesting 8, max is 32", None),
+        ("staging", True, None, ["[max-gpu-warn] namespace staging used 28 GPU, requesting 8, max is 32"]),
+        ("canary", True, None, None),  # dryrun: recorded only
+        ("research", True, None, None),  # no constraint matches
+    ],
+)
+async def test_validate_deny_warn_dryrun_like_gatekeeper(
+    webhook, namespace, allowed, status_message, warnings
+):
+    session, base = webhook
+    out = await post(session, f"{base}/validate", review(job(namespace)))
+    assert out["apiVersion"] == "admission.k8s.io/v1" and out["kind"] == "AdmissionReview"
+    resp = out["response"]
+    assert resp["uid"] == "705ab4f5-6393-11e8-b7cc-42010a800002"
+    assert resp["allowed"] is allowed
+    if status_message:
+        assert resp["status"] == {"code": 403, "reason": "Forbidden", "message": status_message}
+    else:
+        assert "status" not in resp
+    assert resp.get("warnings") == warnings
+
+
+async def test_dryrun_is_recorded_in_metrics(webhook):
+    session, base = webhook
+    await post(session, f"{base}/validate", review(job("canary")))
+    async with session.get(f"{base}/metrics") as r:
+        text = await r.text()
+    assert 'qm_admission_violations_total{enforcement_action="dryrun",policy="max-gpu-dryrun"} 1.0' in text
+    assert 'qm_admission_requests_total{endpoint="validate",result="allowed"}' in text
+    assert "qm_admission_request_duration_seconds_bucket" in text
+
+
+@pytest.mark.parametrize(
+    "obj, operation, patch",
+    [
+        (job("ml-team"), "CREATE", [{"op": "add", "path": "/spec/suspend", "value": True}]),
+        (job("ml-team", suspend=False), "CREATE", [{"op": "add", "path": "/spec/suspend", "value": True}]),
+        (job("ml-team", suspend=True), "CREATE", None),
+        (job("ml-team", queue=None), "CREATE", None),
+        (job("ml-team"), "UPDATE", None),
+    ],
+)
+async def test_mutate_suspends_queued_jobs_on_create(webhook, obj, operation, patch):
+    session, base = webhook
+    resp = (await post(session, f"{base}/mutate", review(obj, operation)))["response"]
+    assert resp["allowed"] is True
+    if patch is None:
+        assert "patch" not in resp
+    else:
+        assert resp["patchType"] == "JSONPatch"
+        assert json.loads(base64.b64decode(resp["patch"])) == patch
+
+
+async def test_health_ready_and_bad_requests(webhook):
+    session, base = webhook
+    async with session.get(f"{base}/healthz") as r:
+        assert r.status == 200
+    async with session.get(f"{base}/readyz") as r:
+        assert r.status == 200 and "policies=3" in await r.text()
+    async with session.post(f"{base}/validate", data=b"not json") as r:
+        assert r.status == 400
+    async with session.post(f"{base}/validate", data=b'{"kind": "AdmissionReview"}') as r:
+        assert r.status == 400
+
+
+async def test_plain_http_is_refused_on_the_tls_port(webhook):
+    _session, base = webhook
+    async with aiohttp.ClientSession() as plain:
+        with pytest.raises(aiohttp.ClientError):
+            async with plain.get(base.replace("https", "http") + "/healthz") as r:
+                await r.read()
+
+
+async def test_not_ready_without_policy_set(tls_files):
+    from aiohttp.test_utils import TestClient, TestServer
+
+    app = make_app(lambda: None, LIVE)
+    async with TestClient(TestServer(app)) as client:
+        r = await client.get("/readyz")
+        assert r.status == 503
+        r = await client.post("/validate", data=json.dumps(review(job("ml-team"))))
+        assert r.status == 503
