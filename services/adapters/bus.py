@@ -50,7 +50,7 @@ async def wait_for_broker(bootstrap: str, timeout_s: float = 60.0) -> None:
             await admin.start()
             await admin.list_topics()
             return
-        except (KafkaConnectionError, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, KafkaConnectionError, OSError) as exc:
             last = exc
             await asyncio.sleep(0.5)
         finally:

@@ -8,9 +8,9 @@ state in `table()`s and stores it with `apply_once()`; it never talks to aiokafk
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import faust

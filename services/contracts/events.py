@@ -80,7 +80,7 @@ class AlertRaised:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LedgerRow:
-    """One ledger row: a workload's usage of one flavor, of one kind, within one hour (FOCUS 1.2 columns)."""
+    """One ledger row: a workload's usage of one flavor, of one kind, within one hour (FOCUS 1.2 columns, as services/core/cost/focus.py emits them; x_ columns are Quartermaster's)."""
 
     EVENT_TYPE = "billing.ledger_row.v1"
 
@@ -108,6 +108,29 @@ class LedgerRow:
     ResourceName: str | None = None
     x_Correction: bool | None = None
     x_CorrectsRowId: str | None = None
+    BillingAccountId: str | None = None
+    BillingAccountName: str | None = None
+    BillingAccountType: str | None = None
+    BillingPeriodEnd: str | None = None
+    BillingPeriodStart: str | None = None
+    ChargeClass: str | None = None
+    ChargeFrequency: str | None = None
+    InvoiceIssuerName: str | None = None
+    PricingCategory: str | None = None
+    ProviderName: str | None = None
+    PublisherName: str | None = None
+    ResourceType: str | None = None
+    ServiceName: str | None = None
+    ServiceSubcategory: str | None = None
+    SkuPriceId: str | None = None
+    SubAccountName: str | None = None
+    SubAccountType: str | None = None
+    x_RowId: str | None = None
+    x_Revision: int | None = None
+    x_GpuHours: str | None = None
+    x_CoreHours: str | None = None
+    x_MemoryGiBHours: str | None = None
+    x_Priced: bool | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -288,6 +311,7 @@ class WorkloadFinished:
     succeeded: bool
     finished_at: str
     cluster_queue: str | None = None
+    queue_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

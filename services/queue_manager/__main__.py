@@ -1,0 +1,3 @@
+from services.queue_manager.app import runtime
+
+runtime.main()

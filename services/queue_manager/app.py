@@ -1,0 +1,131 @@
+"""The queue-manager service: the single writer of quota.
+
+Wiring only; the decisions are in state.apply (a pure fold over the quota core).
+    qm.workloads (keyed by cohort)  -> fold per cohort -> QuotaReserved, Pending, Released, ...
+    qm.cluster   (keyed by uid)     -> re-keyed by cohort onto qm.workloads (running, finished)
+    qm.clock     (one partition)    -> one tick per cohort onto qm.workloads
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import Counter, Gauge
+
+from services.adapters.runtime import Output, ServiceRuntime
+from services.adapters.settings import Settings
+from services.contracts.codec import Envelope, make_envelope
+from services.contracts.events import ClockTick, PodRunning, WorkloadFinished, WorkloadRunning
+from services.contracts.schemas import topic_specs
+from services.queue_manager import state as fold
+from services.queue_manager.config import cohort_keys, flavor_node_labels, load_config_dir, routing_key
+
+PENDING = Gauge("kueue_pending_workloads", "Pending workloads per ClusterQueue", ["cluster_queue"])
+ADMITTED_TOTAL = Counter("kueue_admitted_workloads_total", "Workloads admitted", ["cluster_queue"])
+RESOURCE_USAGE = Gauge(
+    "kueue_cluster_queue_resource_usage", "Reserved quota", ["cluster_queue", "flavor", "resource"]
+)
+NOMINAL_QUOTA = Gauge("kueue_cluster_queue_nominal_quota", "Nominal quota", ["cluster_queue", "flavor", "resource"])
+
+settings = Settings.from_env("queue-manager")
+runtime = ServiceRuntime(settings)
+objects = load_config_dir(os.environ.get("QM_CONFIG_DIR", "examples/seed"))
+context = fold.Context(
+    objects=objects,
+    pods_ready_timeout_s=float(os.environ.get("QM_PODS_READY_TIMEOUT_S", 300)),
+    backoff_base_s=float(os.environ.get("QM_BACKOFF_BASE_S", 60)),
+    backoff_max_s=float(os.environ.get("QM_BACKOFF_MAX_S", 3600)),
+    max_expiries=int(os.environ.get("QM_MAX_EXPIRIES", 3)),
+    node_labels=flavor_node_labels(objects),
+)
+cohorts = runtime.table("cohorts", partitions=topic_specs()["qm.workloads"].partitions, help="queues per cohort")
+
+for cq_name, cq in objects.cluster_queues.items():
+    for group in cq.resource_groups:
+        for flavor in group.flavors:
+            for quota in flavor.resources:
+                NOMINAL_QUOTA.labels(cq_name, flavor.flavor, quota.resource).set(quota.nominal / 1000)
+
+
+def _observe(state: dict) -> None:
+    pending: dict[str, int] = {}
+    for w in state["pending"].values():
+        pending[w["cluster_queue"]] = pending.get(w["cluster_queue"], 0) + 1
+    for cq, n in pending.items():
+        PENDING.labels(cq).set(n)
+
+
+async def on_workload_event(envelope: Envelope, event) -> None:
+    key = event.key.decode() if event.key else envelope.payload.uid
+    applied = await runtime.apply_once(cohorts, key, envelope, lambda s, e: fold.apply(s, e, context))
+    if applied and envelope.event_type == "workload.validated.v1":
+        state = cohorts[key]["state"]
+        if envelope.payload.uid in state["admitted"]:
+            ADMITTED_TOTAL.labels(state["admitted"][envelope.payload.uid]["cluster_queue"]).inc()
+        _observe(state)
+
+
+async def on_cluster_event(envelope: Envelope, event) -> None:
+    """Lifecycle facts about a workload move to the partition that owns its cohort."""
+    payload = envelope.payload
+    if isinstance(payload, PodRunning):
+        key = routing_key(objects, payload.namespace, payload.queue_name)
+        rekeyed = WorkloadRunning(
+            uid=payload.workload_uid, namespace=payload.namespace, name=payload.workload_name or payload.workload_uid,
+            started_at=payload.started_at,
+        )
+    elif isinstance(payload, WorkloadFinished):
+        key = routing_key(objects, payload.namespace, payload.queue_name, payload.cluster_queue)
+        rekeyed = payload
+    else:
+        return
+    if key is None:
+        runtime.log.warning("lifecycle event for a workload in no known queue", event_id=envelope.event_id,
+                            namespace=payload.namespace)
+        return
+    out = make_envelope(rekeyed, producer=fold.PRODUCER, occurred_at=envelope.occurred_at,
+                        identity=(envelope.event_id, "rekeyed"), cause=envelope)
+    await runtime.publish([Output("qm.workloads", key, out)])
+
+
+async def on_clock_tick(envelope: Envelope, event) -> None:
+    """Ticks arrive on one partition; every cohort owner needs them to expire reservations."""
+    outputs = [
+        Output("qm.workloads", key, make_envelope(
+            ClockTick(at=envelope.payload.at, source=envelope.payload.source), producer=fold.PRODUCER,
+            occurred_at=envelope.occurred_at, identity=(envelope.event_id, key), cause=envelope))
+        for key in cohort_keys(objects)
+    ]
+    await runtime.publish(outputs)
+
+
+runtime.consume("qm.workloads", on_workload_event)
+runtime.consume("qm.cluster", on_cluster_event)
+runtime.consume("qm.clock", on_clock_tick)
+
+
+@runtime.app.page("/queues")
+async def queues_view(web, request):
+    view = {}
+    for key, entry in cohorts.items():
+        state = entry["state"]
+        view[key] = {
+            "pending": sorted(f"{w['namespace']}/{w['name']}" for w in state["pending"].values()),
+            "admitted": sorted(f"{e['namespace']}/{e['name']}" for e in state["admitted"].values()),
+        }
+    return web.json(view)
+
+
+@runtime.app.page("/usage/{namespace}")
+async def usage_view(web, request, namespace):
+    reserved: dict = {}
+    running: dict = {}
+    for entry in cohorts.values():
+        for admitted in entry["state"]["admitted"].values():
+            if admitted["namespace"] != namespace:
+                continue
+            target = running if admitted["running_at"] is not None else reserved
+            for flavor, by_res in admitted["usage"].items():
+                for resource, amount in by_res.items():
+                    target.setdefault(flavor, {})[resource] = target.get(flavor, {}).get(resource, 0) + amount
+    return web.json({"namespace": namespace, "reserved": reserved, "running": running})

@@ -1,0 +1,392 @@
+"""The queue-manager's fold: one cohort's queues and reservations, advanced by events.
+
+`apply(state, envelope, ctx) -> (state, outputs)` is pure: the quota decisions come from the
+core's drain over an immutable snapshot, time comes from the events. The state is a plain
+JSON-able dict so it can live in a faust table:
+
+    pending   uid -> workload (as submitted) + eligible_at (backoff) + attempts
+    admitted  uid -> workload + cluster_queue, flavors, counts, usage, reserved_at, running_at
+    said      uid -> the last Pending reason|message published (no event storms)
+    expiries  uid -> how many times its reservation expired before running
+    now       the latest event time seen (epoch seconds)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.adapters.runtime import Output
+from services.contracts.codec import Envelope, make_envelope, parse_utc, utc_iso
+from services.contracts.events import (
+    ActionAdmit,
+    ClockTick,
+    UsageSnapshot,
+    WorkloadDeactivated,
+    WorkloadFinished,
+    WorkloadPending,
+    WorkloadPrefreezeExpired,
+    WorkloadQuotaReserved,
+    WorkloadReleased,
+    WorkloadRequeued,
+    WorkloadRunning,
+    WorkloadValidated,
+)
+from services.core.quota import (
+    AdmittedWorkload,
+    Objects,
+    PodSet,
+    WorkloadStatus,
+    build_snapshot,
+    drain,
+)
+from services.core.quota import Workload as CoreWorkload
+
+PRODUCER = "queue-manager"
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the fold needs besides state and event: the active config and the timeouts."""
+
+    objects: Objects
+    pods_ready_timeout_s: float = 300.0  # Kueue's waitForPodsReady default is 5 minutes
+    backoff_base_s: float = 60.0  # Kueue's requeuingStrategy defaults
+    backoff_max_s: float = 3600.0
+    max_expiries: int = 3  # then the workload is deactivated
+    finished_ttl_s: float = 600.0
+    node_labels: dict[str, dict[str, str]] = field(default_factory=dict)  # flavor -> node labels
+
+
+def empty_state() -> dict[str, Any]:
+    return {"pending": {}, "admitted": {}, "said": {}, "expiries": {}, "now": 0.0}
+
+
+def epoch(text: str) -> float:
+    return parse_utc(text).timestamp()
+
+
+def iso(seconds: float) -> str:
+    from datetime import UTC, datetime
+
+    return utc_iso(datetime.fromtimestamp(seconds, UTC))
+
+
+def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, list[Output]]:
+    state = state if state is not None else empty_state()
+    payload = envelope.payload
+    state["now"] = max(state["now"], epoch(envelope.occurred_at))
+    outputs: list[Output] = []
+    emit = _Emitter(envelope, outputs, state["now"])
+
+    if isinstance(payload, WorkloadValidated):
+        if payload.uid in state["admitted"] or payload.uid in state["pending"]:
+            return state, outputs  # re-validated after a resubmission: already known
+        state["pending"][payload.uid] = {
+            "uid": payload.uid,
+            "namespace": payload.namespace,
+            "name": payload.name,
+            "queue_name": payload.queue_name,
+            "cluster_queue": payload.cluster_queue,
+            "cohort": payload.cohort,
+            "priority": payload.priority,
+            "priority_class": payload.priority_class,
+            "pod_sets": payload.pod_sets,
+            "created_at": payload.created_at,
+            "eligible_at": 0.0,
+            "attempts": 0,
+        }
+    elif isinstance(payload, WorkloadRunning):
+        entry = state["admitted"].get(payload.uid)
+        if entry is None or entry["running_at"] is not None:
+            return state, outputs
+        entry["running_at"] = epoch(payload.started_at)
+        emit.usage(state, {entry["namespace"]})
+        return state, outputs
+    elif isinstance(payload, WorkloadFinished):
+        entry = state["admitted"].pop(payload.uid, None)
+        state["pending"].pop(payload.uid, None)
+        state["said"].pop(payload.uid, None)
+        state["expiries"].pop(payload.uid, None)
+        if entry is None:
+            return state, outputs
+        emit.released(entry, "Finished", epoch(payload.finished_at))
+        emit.usage(state, {entry["namespace"]})
+    elif isinstance(payload, ClockTick):
+        _expire_idle_reservations(state, ctx, emit)
+    else:
+        return state, outputs  # our own outputs and other services' events on qm.workloads
+
+    _drain(state, ctx, emit)
+    return state, outputs
+
+
+def _expire_idle_reservations(state: dict, ctx: Context, emit: _Emitter) -> None:
+    """Pre-freeze timeout: a reservation not running within podsReadyTimeout is released and
+    requeued with exponential backoff; after max_expiries the workload is deactivated."""
+    now = state["now"]
+    touched = set()
+    for uid, entry in sorted(state["admitted"].items()):
+        if entry["running_at"] is not None or now - entry["reserved_at"] < ctx.pods_ready_timeout_s:
+            continue
+        del state["admitted"][uid]
+        touched.add(entry["namespace"])
+        expiries = state["expiries"].get(uid, 0) + 1
+        state["expiries"][uid] = expiries
+        expired_at = entry["reserved_at"] + ctx.pods_ready_timeout_s
+        emit.add(
+            "qm.workloads",
+            entry["cohort_key"],
+            WorkloadPrefreezeExpired(
+                uid=uid,
+                namespace=entry["namespace"],
+                name=entry["name"],
+                cluster_queue=entry["cluster_queue"],
+                reserved_at=iso(entry["reserved_at"]),
+                expired_at=iso(expired_at),
+                idle_s=expired_at - entry["reserved_at"],
+                usage=entry["usage"],
+                expiries=expiries,
+            ),
+            identity=(uid, entry["reserved_at"], "expired"),
+        )
+        emit.released(entry, "PodsReadyTimeout", expired_at)
+        workload = entry["workload"]
+        if expiries >= ctx.max_expiries:
+            emit.add(
+                "qm.workloads",
+                entry["cohort_key"],
+                WorkloadDeactivated(
+                    uid=uid,
+                    namespace=entry["namespace"],
+                    name=entry["name"],
+                    cluster_queue=entry["cluster_queue"],
+                    reason="PreFreezeExpiredTooOften",
+                    message=(
+                        f"quota was reserved {expiries} times but the pods never became ready within "
+                        f"{ctx.pods_ready_timeout_s:.0f}s; fix the pods (image, node selector, resources) "
+                        "and resubmit"
+                    ),
+                ),
+                identity=(uid, "deactivated"),
+            )
+            continue
+        backoff = min(ctx.backoff_base_s * 2 ** (expiries - 1), ctx.backoff_max_s)
+        workload["eligible_at"] = expired_at + backoff
+        workload["attempts"] = expiries
+        state["pending"][uid] = workload
+        emit.add(
+            "qm.workloads",
+            entry["cohort_key"],
+            WorkloadRequeued(
+                uid=uid,
+                namespace=entry["namespace"],
+                name=entry["name"],
+                cluster_queue=entry["cluster_queue"],
+                reason="PodsReadyTimeout",
+                requeue_at=iso(workload["eligible_at"]),
+                backoff_s=int(backoff),
+                attempt=expiries,
+            ),
+            identity=(uid, entry["reserved_at"], "requeued"),
+        )
+    if touched:
+        emit.usage(state, touched)
+
+
+def _core_workload(w: dict) -> CoreWorkload:
+    return CoreWorkload(
+        namespace=w["namespace"],
+        name=w["name"],
+        queue_name=w["queue_name"],
+        pod_sets=tuple(
+            PodSet(
+                name=ps["name"],
+                count=ps["count"],
+                requests=tuple(sorted(ps["requests"].items())),
+                min_count=ps.get("min_count"),
+            )
+            for ps in w["pod_sets"]
+        ),
+        priority=w["priority"],
+        priority_class=w.get("priority_class"),
+        created_at=epoch(w["created_at"]),
+        uid=w["uid"],
+    )
+
+
+def _admitted_for_snapshot(entry: dict) -> AdmittedWorkload:
+    usage = tuple(
+        sorted(((flavor, res), amount) for flavor, by_res in entry["usage"].items() for res, amount in by_res.items())
+    )
+    return AdmittedWorkload(
+        key=f"{entry['namespace']}/{entry['name']}",
+        cluster_queue=entry["cluster_queue"],
+        priority=entry["workload"]["priority"],
+        usage=usage,
+        quota_reserved_at=entry["reserved_at"],
+        created_at=epoch(entry["workload"]["created_at"]),
+        uid=entry["uid"],
+    )
+
+
+def _usage_by_flavor(workload: dict, flavors: dict, counts: dict) -> dict[str, dict[str, int]]:
+    usage: dict[str, dict[str, int]] = {}
+    for ps in workload["pod_sets"]:
+        count = counts.get(ps["name"], ps["count"])
+        for resource, per_pod in ps["requests"].items():
+            flavor = flavors.get(ps["name"], {}).get(resource)
+            if flavor is None:
+                continue
+            by_res = usage.setdefault(flavor, {})
+            by_res[resource] = by_res.get(resource, 0) + per_pod * count
+    return usage
+
+
+def _drain(state: dict, ctx: Context, emit: _Emitter) -> None:
+    """Admit everything that now fits, in Kueue's order (the core's drain mode)."""
+    now = state["now"]
+    eligible = [w for w in state["pending"].values() if w["eligible_at"] <= now]
+    if not eligible:
+        return
+    snapshot = build_snapshot(ctx.objects, [_admitted_for_snapshot(e) for e in state["admitted"].values()])
+    by_key = {f"{w['namespace']}/{w['name']}": w for w in eligible}
+    result = drain(snapshot, [_core_workload(w) for w in eligible], now)
+    touched = set()
+    for decision in result.decisions:
+        workload = by_key[decision.workload]
+        uid = workload["uid"]
+        if decision.status == WorkloadStatus.ADMITTED:
+            flavors = {ps: dict(res) for ps, res in decision.flavors.items()}
+            counts = dict(decision.counts)
+            entry = {
+                "uid": uid,
+                "namespace": workload["namespace"],
+                "name": workload["name"],
+                "cluster_queue": decision.cluster_queue,
+                "cohort_key": snapshot.root_name(decision.cluster_queue),
+                "flavors": flavors,
+                "counts": counts,
+                "usage": _usage_by_flavor(workload, flavors, counts),
+                "reserved_at": now,
+                "running_at": None,
+                "workload": workload,
+            }
+            del state["pending"][uid]
+            state["said"].pop(uid, None)
+            state["admitted"][uid] = entry
+            touched.add(workload["namespace"])
+            emit.reserved(entry, borrowing=decision.borrowing > 0)
+            emit.admit_action(entry, ctx)
+        else:
+            said = f"{decision.reason}|{decision.message}"
+            if state["said"].get(uid) == said:
+                continue  # unchanged: no event storm for a queue that did not move
+            state["said"][uid] = said
+            emit.add(
+                "qm.workloads",
+                snapshot.root_name(decision.cluster_queue) if decision.cluster_queue else workload["cluster_queue"],
+                WorkloadPending(
+                    uid=uid,
+                    namespace=workload["namespace"],
+                    name=workload["name"],
+                    cluster_queue=decision.cluster_queue,
+                    reason=str(decision.reason),
+                    message=decision.message or str(decision.reason),
+                ),
+                identity=(uid, said, len(state["admitted"])),
+            )
+    if touched:
+        emit.usage(state, touched)
+
+
+class _Emitter:
+    """Builds output envelopes caused by one input event, with deterministic ids."""
+
+    def __init__(self, cause: Envelope, outputs: list[Output], now: float) -> None:
+        self.cause = cause
+        self.outputs = outputs
+        self.now = now
+
+    def add(self, topic: str, key: str, payload: Any, identity: tuple) -> None:
+        envelope = make_envelope(
+            payload, producer=PRODUCER, occurred_at=iso(self.now), identity=identity, cause=self.cause
+        )
+        self.outputs.append(Output(topic, key, envelope))
+
+    def reserved(self, entry: dict, *, borrowing: bool) -> None:
+        self.add(
+            "qm.workloads",
+            entry["cohort_key"],
+            WorkloadQuotaReserved(
+                uid=entry["uid"],
+                namespace=entry["namespace"],
+                name=entry["name"],
+                cluster_queue=entry["cluster_queue"],
+                cohort=entry["workload"].get("cohort"),
+                flavors=entry["flavors"],
+                counts=entry["counts"],
+                usage=entry["usage"],
+                reserved_at=iso(entry["reserved_at"]),
+                borrowing=borrowing,
+            ),
+            identity=(entry["uid"], entry["reserved_at"], "reserved"),
+        )
+
+    def admit_action(self, entry: dict, ctx: Context) -> None:
+        node_selector: dict[str, str] = {}
+        for by_res in entry["flavors"].values():
+            for flavor in by_res.values():
+                node_selector.update(ctx.node_labels.get(flavor, {}))
+        self.add(
+            "qm.actions",
+            entry["uid"],
+            ActionAdmit(
+                workload_uid=entry["uid"],
+                namespace=entry["namespace"],
+                name=entry["name"],
+                kind="Job",
+                node_selector=node_selector,
+                flavors=entry["flavors"],
+            ),
+            identity=(entry["uid"], entry["reserved_at"], "admit"),
+        )
+
+    def released(self, entry: dict, reason: str, at: float) -> None:
+        self.add(
+            "qm.workloads",
+            entry["cohort_key"],
+            WorkloadReleased(
+                uid=entry["uid"],
+                namespace=entry["namespace"],
+                name=entry["name"],
+                cluster_queue=entry["cluster_queue"],
+                cohort=entry["workload"].get("cohort"),
+                reason=reason,
+                usage=entry["usage"],
+                released_at=iso(at),
+            ),
+            identity=(entry["uid"], entry["reserved_at"], "released"),
+        )
+
+    def usage(self, state: dict, namespaces: set[str]) -> None:
+        """Per-namespace usage in this cohort, reserved (not yet running) and running, by flavor."""
+        for namespace in sorted(namespaces):
+            reserved: dict[str, dict[str, int]] = {}
+            running: dict[str, dict[str, int]] = {}
+            total: dict[str, int] = {}
+            for entry in state["admitted"].values():
+                if entry["namespace"] != namespace:
+                    continue
+                target = running if entry["running_at"] is not None else reserved
+                for flavor, by_res in entry["usage"].items():
+                    for resource, amount in by_res.items():
+                        target.setdefault(flavor, {})[resource] = target.get(flavor, {}).get(resource, 0) + amount
+                        total[resource] = total.get(resource, 0) + amount
+            digest = repr((sorted(reserved.items()), sorted(running.items())))
+            self.add(
+                "qm.usage",
+                namespace,
+                UsageSnapshot(namespace=namespace, reserved=reserved, running=running, total=total, as_of=iso(self.now)),
+                identity=(namespace, self.cause.event_id, digest),
+            )

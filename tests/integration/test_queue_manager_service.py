@@ -1,0 +1,183 @@
+"""The queue-manager service on the real broker: decisions per event, pre-freeze expiry
+through qm.clock, running through qm.cluster, and SIGKILL in the middle of a burst."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from services.adapters.bus import Publisher, read_envelopes
+from services.contracts.codec import make_envelope
+from services.contracts.events import ClockTick, PodRunning, WorkloadFinished, WorkloadValidated
+from tests.integration.processes import start_worker
+from tests.integration.test_worker_recovery import wait_for
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+SEED = Path(__file__).resolve().parents[2] / "examples" / "seed"
+
+
+def validated(name, gpus, cq="gpu-queue", queue="team-ml", ns="ml-team", at="2026-11-29T10:00:00Z", cohort=None):
+    return make_envelope(
+        WorkloadValidated(uid=f"uid-{name}", namespace=ns, name=name, queue_name=queue, cluster_queue=cq,
+                          cohort=cohort, priority=0, created_at=at,
+                          pod_sets=[{"name": "main", "count": 1, "requests": {"nvidia.com/gpu": gpus * 1000}}]),
+        producer="test", occurred_at=at)
+
+
+def env(prefix, tmp_path, config_dir, **extra):
+    return {"QM_TOPIC_PREFIX": prefix, "QM_APP_ID_SUFFIX": f"-{uuid.uuid4().hex[:8]}", "QM_STORE": "memory://",
+            "QM_DATA_DIR": str(tmp_path), "QM_CONFIG_DIR": str(config_dir), **extra}
+
+
+async def events_on(bootstrap, topic):
+    return [e async for _, e in read_envelopes(bootstrap, topic) if not isinstance(e, Exception)]
+
+
+async def test_seed_flow_reserve_pending_run_expire(kafka_bootstrap, topic_prefix, tmp_path):
+    worker = start_worker("services.queue_manager", env(topic_prefix, tmp_path, SEED, QM_PODS_READY_TIMEOUT_S="300"),
+                          tmp_path / "qm.log")
+    try:
+        worker.wait_ready()
+        async with Publisher(kafka_bootstrap, topic_prefix) as bus:
+            for e in [validated("used", 12), validated("train-4", 4), validated("train-16", 24)]:
+                await bus.publish("qm.workloads", "gpu-queue", e)
+            running = make_envelope(PodRunning(uid="pod-used", workload_uid="uid-used", namespace="ml-team",
+                                               name="used-0", queue_name="team-ml", workload_name="used",
+                                               started_at="2026-11-29T10:01:00Z"),
+                                    producer="test", occurred_at="2026-11-29T10:01:00Z")
+            await bus.publish("qm.cluster", "uid-used", running)
+            await bus.flush()
+
+            async def running_counted():  # topics are read concurrently: order the tick after it
+                usage = await events_on(kafka_bootstrap, topic_prefix + "qm.usage")
+                return any(u.payload.running for u in usage)
+
+            await wait_for(running_counted, 60, "the running pod to count as running usage")
+            tick = make_envelope(ClockTick(at="2026-11-29T10:05:30Z", source="test"), producer="test",
+                                 occurred_at="2026-11-29T10:05:30Z")
+            await bus.publish("qm.clock", "test", tick)
+            await bus.flush()
+
+        async def expired():
+            return any(e.event_type == "workload.prefreeze_expired.v1"
+                       for e in await events_on(kafka_bootstrap, topic_prefix + "qm.workloads"))
+
+        await wait_for(expired, 60, "the idle reservation to expire")
+    finally:
+        worker.stop()
+    trail = await events_on(kafka_bootstrap, topic_prefix + "qm.workloads")
+    by_type = Counter(e.event_type for e in trail)
+    reserved = {e.payload.name for e in trail if e.event_type == "workload.quota_reserved.v1"}
+    assert reserved == {"used", "train-4"}
+    pending = [e.payload for e in trail if e.event_type == "workload.pending.v1"]
+    assert pending[0].name == "train-16" and pending[0].message.endswith("8 more needed")
+    expired_events = [e.payload for e in trail if e.event_type == "workload.prefreeze_expired.v1"]
+    assert [(p.name, p.idle_s) for p in expired_events] == [("train-4", 300.0)]  # "used" is running
+    assert by_type["workload.requeued.v1"] == 1
+    # With train-4 released at 10:05, 20 GPUs are free: the 24-GPU one still does not fit; nothing else moved.
+    actions = await events_on(kafka_bootstrap, topic_prefix + "qm.actions")
+    assert sorted(a.payload.name for a in actions) == ["train-4", "used"]
+    assert all(a.payload.node_selector == {"gpu.nvidia.com/class": "a100"} for a in actions)
+
+
+def cohort_config(directory: Path, cohorts: int = 3, queues: int = 2) -> None:
+    docs = [{"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor", "metadata": {"name": "a100-flavor"},
+             "spec": {"nodeLabels": {"gpu.nvidia.com/class": "a100"}}}]
+    for c in range(cohorts):
+        for q in range(queues):
+            docs.append({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ClusterQueue", "metadata": {"name": f"cq-{c}-{q}"},
+                         "spec": {"cohort": f"cohort-{c}", "namespaceSelector": {}, "resourceGroups": [{
+                             "coveredResources": ["nvidia.com/gpu"], "flavors": [{"name": "a100-flavor", "resources": [
+                                 {"name": "nvidia.com/gpu", "nominalQuota": 16, "borrowingLimit": 8}]}]}]}})
+            docs.append({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue",
+                         "metadata": {"name": "lq", "namespace": f"ns-{c}-{q}"}, "spec": {"clusterQueue": f"cq-{c}-{q}"}})
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "kueue.yaml").write_text(yaml.safe_dump_all(docs))
+
+
+def check_invariants(trail) -> dict[str, int]:
+    """Replay the qm.workloads log: no moment with a ClusterQueue above nominal + borrowingLimit
+    (16 + 8) or a cohort above its capacity (2 x 16), and no workload holding two reservations."""
+    held: dict[str, tuple[str, str, int]] = {}
+    by_cq: Counter = Counter()
+    by_cohort: Counter = Counter()
+    reservations: Counter = Counter()
+    for e in trail:
+        p = e.payload
+        if e.event_type == "workload.quota_reserved.v1":
+            assert p.uid not in held, f"{p.uid} reserved twice"
+            gpus = p.usage["a100-flavor"]["nvidia.com/gpu"]
+            cohort = "cohort-" + p.cluster_queue.split("-")[1]
+            held[p.uid] = (p.cluster_queue, cohort, gpus)
+            by_cq[p.cluster_queue] += gpus
+            by_cohort[cohort] += gpus
+            reservations[p.uid] += 1
+            assert by_cq[p.cluster_queue] <= 24_000, f"{p.cluster_queue} above nominal + borrowingLimit"
+            assert by_cohort[cohort] <= 32_000, f"{cohort} above its capacity"
+        elif e.event_type == "workload.released.v1" and p.uid in held:
+            cq, cohort, gpus = held.pop(p.uid)
+            by_cq[cq] -= gpus
+            by_cohort[cohort] -= gpus
+    return dict(reservations)
+
+
+async def test_sigkill_in_a_burst_keeps_every_invariant_and_reserves_nobody_twice(kafka_bootstrap, topic_prefix, tmp_path):
+    config = tmp_path / "config"
+    cohort_config(config)
+    burst = []
+    for i in range(600):
+        c, q = i % 3, (i // 3) % 2
+        at = f"2026-11-29T10:{i // 60:02d}:{i % 60:02d}Z"
+        burst.append((f"cohort:cohort-{c}", validated(f"w{i}", [1, 2, 4, 8][i % 4], cq=f"cq-{c}-{q}", queue="lq",
+                                                      ns=f"ns-{c}-{q}", at=at, cohort=f"cohort-{c}")))
+        if i % 5 == 4:  # finishes free quota and drive more admissions
+            j = i - 4
+            burst.append((f"cohort:cohort-{j % 3}", make_envelope(
+                WorkloadFinished(uid=f"uid-w{j}", namespace=f"ns-{j % 3}-{(j // 3) % 2}", name=f"w{j}",
+                                 succeeded=True, finished_at=at), producer="test", occurred_at=at)))
+    environment = env(topic_prefix, tmp_path, config)
+    async with Publisher(kafka_bootstrap, topic_prefix) as bus:
+        for key, e in burst:
+            await bus.publish("qm.workloads", key, e)
+        await bus.flush()
+
+    worker = start_worker("services.queue_manager", environment, tmp_path / "qm1.log")
+    try:
+        worker.wait_ready()
+
+        async def some_decisions():
+            trail = await events_on(kafka_bootstrap, topic_prefix + "qm.workloads")
+            return sum(e.event_type == "workload.quota_reserved.v1" for e in trail) >= 15
+
+        await wait_for(some_decisions, 90, "the first decisions")
+        worker.kill()
+    finally:
+        worker.stop()
+    restarted = start_worker("services.queue_manager", environment, tmp_path / "qm2.log")
+    try:
+        restarted.wait_ready()
+        last = {}
+
+        async def settled():
+            trail = await events_on(kafka_bootstrap, topic_prefix + "qm.workloads")
+            count = len(trail)
+            done = last.get("count") == count and count > len(burst)
+            last["count"] = count
+            return done
+
+        await wait_for(settled, 120, "the restarted queue-manager to settle")
+    finally:
+        restarted.stop()
+    trail = await events_on(kafka_bootstrap, topic_prefix + "qm.workloads")
+    # Outputs repeated after the crash carry the same event id: dedupe as any consumer does.
+    seen, unique = set(), []
+    for e in trail:
+        if e.event_id not in seen:
+            seen.add(e.event_id)
+            unique.append(e)
+    reservations = check_invariants(unique)
+    assert reservations and max(reservations.values()) == 1

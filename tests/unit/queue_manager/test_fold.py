@@ -1,0 +1,116 @@
+"""The queue-manager fold on the field report's seed config, without Kafka."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from services.contracts.codec import make_envelope
+from services.contracts.events import ClockTick, WorkloadFinished, WorkloadRunning, WorkloadValidated
+from services.queue_manager.config import flavor_node_labels, load_config_dir
+from services.queue_manager.state import Context, apply
+
+SEED = Path(__file__).resolve().parents[3] / "examples" / "seed"
+OBJECTS = load_config_dir(SEED)
+CTX = Context(objects=OBJECTS, pods_ready_timeout_s=300, node_labels=flavor_node_labels(OBJECTS))
+
+
+def validated(name: str, gpus: int, at: str = "2026-11-29T10:00:00Z", priority: int = 0):
+    payload = WorkloadValidated(
+        uid=f"uid-{name}", namespace="ml-team", name=name, queue_name="team-ml", cluster_queue="gpu-queue",
+        priority=priority, created_at=at,
+        pod_sets=[{"name": "main", "count": 1, "requests": {"nvidia.com/gpu": gpus * 1000}}],
+    )
+    return make_envelope(payload, producer="test", occurred_at=at)
+
+
+def tick(at: str):
+    return make_envelope(ClockTick(at=at, source="test"), producer="test", occurred_at=at)
+
+
+def run(events, state=None):
+    outputs = []
+    for e in events:
+        state, out = apply(state, e, CTX)
+        outputs += out
+    return state, outputs
+
+
+def types(outputs):
+    return [o.envelope.event_type for o in outputs]
+
+
+def test_admits_on_the_flavor_and_pins_its_nodes_while_12_gpus_are_in_use():
+    state, outputs = run([validated("used", 12), validated("train-4", 4)])
+    assert set(state["admitted"]) == {"uid-used", "uid-train-4"}
+    reserved = [o for o in outputs if o.envelope.event_type == "workload.quota_reserved.v1"][-1]
+    assert reserved.envelope.payload.flavors == {"main": {"nvidia.com/gpu": "a100-flavor"}}
+    admit = [o for o in outputs if o.envelope.event_type == "action.admit.v1"][-1]
+    assert admit.envelope.payload.node_selector == {"gpu.nvidia.com/class": "a100"}
+    usage = [o for o in outputs if o.topic == "qm.usage"][-1].envelope.payload
+    assert usage.reserved == {"a100-flavor": {"nvidia.com/gpu": 16000}}
+
+
+def test_pending_with_kueues_message_and_only_once_while_nothing_changes():
+    state, outputs = run([validated("used", 24), validated("train-16", 16)])
+    pending = [o.envelope.payload for o in outputs if o.envelope.event_type == "workload.pending.v1"]
+    assert len(pending) == 1
+    assert "insufficient unused quota for nvidia.com/gpu in flavor a100-flavor, 8 more needed" in pending[0].message
+    state, outputs = run([tick("2026-11-29T10:00:30Z"), tick("2026-11-29T10:01:00Z")], state)
+    assert outputs == []  # nothing changed, nothing said
+    state, outputs = run([validated("small", 1)], state)
+    pending = [o.envelope.payload for o in outputs if o.envelope.event_type == "workload.pending.v1"]
+    assert [p.message.rsplit(", ", 1)[-1] for p in pending] == ["9 more needed"]  # the answer changed
+
+
+def test_finish_releases_quota_and_admits_what_now_fits_in_the_same_event():
+    state, _ = run([validated("used", 24), validated("train-16", 16)])
+    finished = make_envelope(
+        WorkloadFinished(uid="uid-used", namespace="ml-team", name="used", succeeded=True,
+                         finished_at="2026-11-29T11:00:00Z"),
+        producer="test", occurred_at="2026-11-29T11:00:00Z")
+    state, outputs = run([finished], state)
+    assert types(outputs)[:3] == ["workload.released.v1", "usage.snapshot.v1", "workload.quota_reserved.v1"]
+    assert set(state["admitted"]) == {"uid-train-16"}
+
+
+def test_reservation_that_never_runs_expires_is_requeued_with_backoff_and_priced_idle():
+    state, _ = run([validated("stuck", 16)])
+    state, outputs = run([tick("2026-11-29T10:04:59Z")], state)
+    assert "workload.prefreeze_expired.v1" not in types(outputs)
+    state, outputs = run([tick("2026-11-29T10:05:00Z")], state)
+    expired = next(o.envelope.payload for o in outputs if o.envelope.event_type == "workload.prefreeze_expired.v1")
+    assert expired.idle_s == 300 and expired.usage == {"a100-flavor": {"nvidia.com/gpu": 16000}}
+    requeued = next(o.envelope.payload for o in outputs if o.envelope.event_type == "workload.requeued.v1")
+    assert requeued.backoff_s == 60 and requeued.requeue_at == "2026-11-29T10:06:00Z"
+    assert "uid-stuck" in state["pending"]
+    state, outputs = run([tick("2026-11-29T10:06:00Z")], state)
+    assert "uid-stuck" in state["admitted"]  # eligible again after the backoff
+
+
+def test_running_reservation_does_not_expire_and_counts_as_running():
+    state, _ = run([validated("ok", 8)])
+    running = make_envelope(WorkloadRunning(uid="uid-ok", namespace="ml-team", name="ok",
+                                            started_at="2026-11-29T10:01:00Z"),
+                            producer="test", occurred_at="2026-11-29T10:01:00Z")
+    state, outputs = run([running, tick("2026-11-29T11:00:00Z")], state)
+    assert "workload.prefreeze_expired.v1" not in types(outputs)
+    usage = [o for o in outputs if o.topic == "qm.usage"][0].envelope.payload
+    assert usage.running == {"a100-flavor": {"nvidia.com/gpu": 8000}} and usage.reserved == {}
+
+
+def test_deactivated_after_too_many_expiries():
+    state, _ = run([validated("never", 4)])
+    minutes = ["10:05:00", "10:11:00", "10:18:00", "10:30:00", "10:40:00"]
+    all_out = []
+    for m in minutes:
+        state, outputs = run([tick(f"2026-11-29T{m}Z")], state)
+        all_out += outputs
+    assert "workload.deactivated.v1" in types(all_out)
+    assert "uid-never" not in state["pending"] and "uid-never" not in state["admitted"]
+
+
+def test_same_events_give_the_same_outputs():
+    events = [validated("a", 12), validated("b", 16), validated("c", 8), tick("2026-11-29T10:05:00Z")]
+    _, first = run(events)
+    _, second = run(events)
+    assert [o.envelope.event_id for o in first] == [o.envelope.event_id for o in second]
