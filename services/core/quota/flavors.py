@@ -1,0 +1,357 @@
+"""Flavor assignment, as Kueue's ``flavorassigner``.
+
+For each pod set, each requested resource is looked up in the ClusterQueue's resource group;
+the group's flavors are tried in order. A flavor is checked against the pod set's
+``nodeSelector`` (on the flavor's own label keys) and then against quota:
+
+* request + earlier pod sets' requests > potential capacity → NoFit ("insufficient quota …
+  > maximum capacity");
+* fits in what is available → Fit, with the borrowing level needed;
+* otherwise "insufficient unused quota for R in flavor F, N more needed", and, when the
+  request is within nominal, may be reclaimed in the hierarchy, or the queue may preempt
+  while borrowing, the preemption oracle is asked whether preemption could make room.
+
+``flavorFungibility`` decides whether to stop at a flavor that needs borrowing
+(``whenCanBorrow``) or preemption (``whenCanPreempt``) or to try the next one; the best mode
+seen wins otherwise. Pod sets are all-or-nothing: one pod set that gets no flavor fails the
+workload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from services.core.quantity import format_milli
+from services.core.quota.model import (
+    FlavorFungibility,
+    FlavorResource,
+    FungibilityPolicy,
+    PodSet,
+    Reason,
+    ResourceFlavor,
+    ResourceGroup,
+)
+from services.core.quota.snapshot import ClusterQueueState
+from services.core.quota.tree import available, height_of_lowest_subtree_that_fits, potential_available
+
+_NO_BORROW = 1 << 60  # worst borrowing level, for comparisons
+
+
+class Mode(IntEnum):
+    """Kueue's granular preemption mode, worst to best."""
+
+    NO_FIT = 0
+    NO_CANDIDATES = 1
+    PREEMPT = 2
+    RECLAIM = 3
+    FIT = 4
+
+
+class AssignmentMode(IntEnum):
+    """Kueue's FlavorAssignmentMode (representative mode of a pod set / workload)."""
+
+    NO_FIT = 0
+    PREEMPT = 1
+    FIT = 3
+
+
+def _assignment_mode(mode: Mode) -> AssignmentMode:
+    if mode is Mode.NO_FIT:
+        return AssignmentMode.NO_FIT
+    if mode is Mode.FIT:
+        return AssignmentMode.FIT
+    return AssignmentMode.PREEMPT
+
+
+_SEVERITY = {
+    None: 0,
+    Reason.WAITING_FOR_QUOTA: 2,
+    Reason.EXCEEDS_MAX_QUOTA: 3,
+    Reason.NO_MATCHING_FLAVOR: 4,
+}
+
+
+def _worse(a: Reason | None, b: Reason | None) -> Reason | None:
+    return a if _SEVERITY[a] >= _SEVERITY[b] else b
+
+
+@dataclass(slots=True)
+class FlavorChoice:
+    flavor: str
+    mode: AssignmentMode
+    borrow: int
+    granular: Mode = Mode.FIT
+
+
+@dataclass(slots=True)
+class PodSetAssignment:
+    name: str
+    count: int
+    requests: dict[str, int]  # totals for the pod set at this count, milli-units
+    flavors: dict[str, FlavorChoice] | None  # None: no flavor could be assigned
+    reasons: list[str] = field(default_factory=list)
+    no_fit_reason: Reason | None = None
+
+    def representative_mode(self) -> AssignmentMode:
+        if not self.reasons and self.flavors is not None:
+            return AssignmentMode.FIT
+        if not self.flavors:
+            return AssignmentMode.NO_FIT
+        return min(choice.mode for choice in self.flavors.values())
+
+    def message(self) -> str:
+        return ", ".join(sorted(self.reasons))
+
+
+@dataclass(slots=True)
+class Assignment:
+    pod_sets: list[PodSetAssignment] = field(default_factory=list)
+    borrowing: int = 0
+    usage: dict[FlavorResource, int] = field(default_factory=dict)
+
+    def representative_mode(self) -> AssignmentMode:
+        if not self.pod_sets:
+            return AssignmentMode.NO_FIT
+        return min(ps.representative_mode() for ps in self.pod_sets)
+
+    def message(self) -> str:
+        parts = []
+        for ps in self.pod_sets:
+            if ps.representative_mode() is AssignmentMode.FIT:
+                continue
+            parts.append(f"couldn't assign flavors to pod set {ps.name}: {ps.message()}")
+        return "; ".join(parts)
+
+    def no_fit_reason(self) -> Reason:
+        reason: Reason | None = None
+        for ps in self.pod_sets:
+            if ps.representative_mode() is AssignmentMode.NO_FIT:
+                reason = _worse(reason, ps.no_fit_reason or Reason.WAITING_FOR_QUOTA)
+        return reason or Reason.WAITING_FOR_QUOTA
+
+    def flavors(self) -> dict[str, dict[str, str]]:
+        return {
+            ps.name: {res: choice.flavor for res, choice in sorted(ps.flavors.items())}
+            for ps in self.pod_sets
+            if ps.flavors
+        }
+
+    def counts(self) -> dict[str, int]:
+        return {ps.name: ps.count for ps in self.pod_sets}
+
+    def preemption_known_impossible(self) -> bool:
+        """The oracle already found no candidates for one of the flavor-resources that need
+        preemption: victims for the whole request cannot exist either (they would have to
+        free that same flavor-resource), so the search can be skipped."""
+        return any(
+            choice.granular is Mode.NO_CANDIDATES for ps in self.pod_sets for choice in (ps.flavors or {}).values()
+        )
+
+    def resources_requiring_preemption(self) -> set[FlavorResource]:
+        out = set()
+        for ps in self.pod_sets:
+            for res, choice in (ps.flavors or {}).items():
+                if choice.mode is AssignmentMode.PREEMPT:
+                    out.add((choice.flavor, res))
+        return out
+
+
+# Oracle: (fr, total quantity) -> (mode, borrowing level after preemptions)
+PreemptionOracle = Callable[[FlavorResource, int], tuple[Mode, int]]
+
+
+def _should_try_next(mode: Mode, borrow: int, ff: FlavorFungibility) -> bool:
+    if mode in (Mode.NO_FIT, Mode.NO_CANDIDATES):
+        return True
+    if mode in (Mode.PREEMPT, Mode.RECLAIM) and ff.when_can_preempt is FungibilityPolicy.TRY_NEXT_FLAVOR:
+        return True
+    return borrow > 0 and ff.when_can_borrow is FungibilityPolicy.TRY_NEXT_FLAVOR
+
+
+def _is_preferred(a: tuple[Mode, int], b: tuple[Mode, int]) -> bool:
+    """Kueue's isPreferred with the default BorrowingOverPreemption preference."""
+    if a[0] is Mode.NO_FIT:
+        return False
+    if b[0] is Mode.NO_FIT:
+        return True
+    a_none = a[0] is Mode.NO_CANDIDATES
+    b_none = b[0] is Mode.NO_CANDIDATES
+    if a_none != b_none:
+        return not a_none
+    if a[0] != b[0]:
+        return a[0] > b[0]
+    return a[1] < b[1]
+
+
+def _selector_matches(flavor: ResourceFlavor, node_selector: tuple[tuple[str, str], ...]) -> bool:
+    if not node_selector:
+        return True
+    labels = dict(flavor.node_labels)
+    for key, value in node_selector:
+        if key in labels and labels[key] != value:
+            return False
+    return True
+
+
+class FlavorAssigner:
+    """Assigns flavors for one workload in one ClusterQueue of a snapshot."""
+
+    __slots__ = ("cq", "flavors", "pod_sets", "oracle", "can_preempt_while_borrowing")
+
+    def __init__(
+        self,
+        cq: ClusterQueueState,
+        flavors: dict[str, ResourceFlavor] | object,
+        pod_sets: tuple[PodSet, ...],
+        oracle: PreemptionOracle | None,
+        fair_sharing: bool,
+    ) -> None:
+        self.cq = cq
+        self.flavors = flavors
+        self.pod_sets = pod_sets
+        self.oracle = oracle
+        pre = cq.spec.preemption
+        self.can_preempt_while_borrowing = pre.borrow_within_cohort != "Never" or (
+            fair_sharing and pre.reclaim_within_cohort != "Never"
+        )
+
+    def assign(self, counts: list[int] | None = None) -> Assignment:
+        cq = self.cq
+        assignment = Assignment()
+        usage = assignment.usage
+        covers_pods = "pods" in cq.rg_by_resource
+        for i, ps in enumerate(self.pod_sets):
+            count = ps.count if counts is None else counts[i]
+            requests = {res: per_pod * count for res, per_pod in ps.requests}
+            if covers_pods:
+                requests["pods"] = count * 1000
+            psa = PodSetAssignment(ps.name, count, requests, {})
+            failed = False
+            for res in sorted(requests):
+                rg = cq.rg_by_resource.get(res)
+                if rg is None:
+                    if requests[res] == 0:
+                        continue
+                    psa.reasons.append(f"resource {res} unavailable in ClusterQueue")
+                    psa.no_fit_reason = Reason.NO_MATCHING_FLAVOR
+                    failed = True
+                    break
+                if res in psa.flavors:  # type: ignore[operator]
+                    continue
+                chosen, reasons, no_fit = self._find_flavor(ps, requests, res, rg, usage)
+                if chosen is None:
+                    psa.reasons = reasons
+                    psa.no_fit_reason = no_fit
+                    failed = True
+                    break
+                psa.flavors.update(chosen)  # type: ignore[union-attr]
+                psa.reasons.extend(reasons)
+            if failed:
+                psa.flavors = None
+                assignment.pod_sets.append(psa)
+                return assignment
+            assignment.pod_sets.append(psa)
+            for res, choice in psa.flavors.items():  # type: ignore[union-attr]
+                if choice.borrow > assignment.borrowing:
+                    assignment.borrowing = choice.borrow
+                fr = (choice.flavor, res)
+                usage[fr] = usage.get(fr, 0) + requests[res]
+        return assignment
+
+    def _find_flavor(
+        self,
+        ps: PodSet,
+        requests: dict[str, int],
+        res_name: str,
+        rg: ResourceGroup,
+        usage: dict[FlavorResource, int],
+    ) -> tuple[dict[str, FlavorChoice] | None, list[str], Reason | None]:
+        covered = rg.covered_resources
+        group_requests = [(r, v) for r, v in sorted(requests.items()) if r in covered]
+        reasons: list[str] = []
+        no_fit: Reason | None = None
+        best: dict[str, FlavorChoice] | None = None
+        best_mode: tuple[Mode, int] = (Mode.NO_FIT, _NO_BORROW)
+        ff = self.cq.spec.flavor_fungibility
+        for fq in rg.flavors:
+            fname = fq.flavor
+            flavor = self.flavors.get(fname)  # type: ignore[attr-defined]
+            if flavor is None:
+                reasons.append(f"flavor {fname} not found")
+                no_fit = _worse(no_fit, Reason.NO_MATCHING_FLAVOR)
+                continue
+            if not _selector_matches(flavor, ps.node_selector):
+                reasons.append(f"flavor {fname} doesn't match node affinity")
+                no_fit = _worse(no_fit, Reason.NO_MATCHING_FLAVOR)
+                continue
+            choices: dict[str, FlavorChoice] = {}
+            rep: tuple[Mode, int] = (Mode.FIT, 0)
+            for rname, value in group_requests:
+                fr = (fname, rname)
+                mode, borrow, reason, why = self._fits_quota(fr, usage.get(fr, 0), value)
+                if reason is not None:
+                    reasons.append(reason)
+                    no_fit = _worse(no_fit, why)
+                if _is_preferred(rep, (mode, borrow)):
+                    rep = (mode, borrow)
+                if rep[0] is Mode.NO_FIT:
+                    continue
+                choices[rname] = FlavorChoice(fname, _assignment_mode(mode), borrow, mode)
+            if not _should_try_next(rep[0], rep[1], ff):
+                best, best_mode = choices, rep
+                break
+            if _is_preferred(rep, best_mode):
+                best, best_mode = choices, rep
+        if best is not None and best_mode[0] is Mode.FIT:
+            return best, [], None
+        if best is None:
+            return None, reasons, no_fit
+        return best, reasons, None
+
+    def _fits_quota(self, fr: FlavorResource, assumed: int, request: int) -> tuple[Mode, int, str | None, Reason | None]:
+        node = self.cq.node
+        value = assumed + request
+        max_capacity = node.potential.get(fr)
+        if max_capacity is None:
+            max_capacity = potential_available(node, fr)
+        res = fr[1]
+        if value > max_capacity:
+            return (
+                Mode.NO_FIT,
+                0,
+                f"insufficient quota for {res} in flavor {fr[0]}, previously considered podsets requests "
+                f"({format_milli(assumed, res)}) + current podset request ({format_milli(request, res)}) > "
+                f"maximum capacity ({format_milli(max_capacity, res)})",
+                Reason.EXCEEDS_MAX_QUOTA,
+            )
+        avail = available(node, fr)
+        if value <= avail:
+            if node.parent is None or node.usage.get(fr, 0) + value <= node.subtree.get(fr, 0):
+                return Mode.FIT, 0, None, None
+            return Mode.FIT, height_of_lowest_subtree_that_fits(node, fr, value)[0], None, None
+        borrow, may_reclaim = height_of_lowest_subtree_that_fits(node, fr, value)
+        message = (
+            f"insufficient unused quota for {res} in flavor {fr[0]}, {format_milli(value - avail, res)} more needed"
+        )
+        if self.oracle is not None and (self.cq.nominal(fr) >= value or may_reclaim or self.can_preempt_while_borrowing):
+            mode, borrow_after = self.oracle(fr, value)
+            return mode, borrow_after, message, (None if mode is not Mode.NO_FIT else Reason.WAITING_FOR_QUOTA)
+        return Mode.NO_FIT, borrow, message, Reason.WAITING_FOR_QUOTA
+
+
+def pod_set_counts_to_try(pod_sets: tuple[PodSet, ...]) -> Callable[[int], list[int]] | None:
+    """Kueue's PodSetReducer: counts for a "down factor" in 1..total delta, or None if the
+    workload cannot be partially admitted (no pod set has minCount < count)."""
+    deltas = [(ps.count - ps.min_count) if ps.min_count is not None else 0 for ps in pod_sets]
+    total = sum(deltas)
+    if total <= 0:
+        return None
+    full = [ps.count for ps in pod_sets]
+
+    def counts(down: int) -> list[int]:
+        return [full[i] - (deltas[i] * down) // total for i in range(len(full))]
+
+    counts.total = total  # type: ignore[attr-defined]
+    return counts

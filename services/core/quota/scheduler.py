@@ -1,0 +1,454 @@
+"""Scheduling cycles and drain passes, as Kueue's scheduler runs them.
+
+One cycle (:func:`schedule_cycle`):
+
+1. take the head of every ClusterQueue's queue (priority, then FIFO by creation time; a
+   BestEffortFIFO head found inadmissible steps aside for the next, a StrictFIFO head blocks);
+2. nominate each head on the cycle's snapshot: flavors, borrowing level, preemption targets,
+   partial admission (``minCount``) when the full workload does not fit;
+3. order entries by borrowing level, then (fair sharing) dominant resource share, then
+   priority, then FIFO;
+4. walk the entries: a workload that needs preemption but has no candidates keeps its
+   ClusterQueue's unused nominal quota from borrowers for the rest of the cycle (unless the
+   queue can always reclaim); overlapping preemption targets and quota already taken by an
+   earlier entry skip the workload ("no over-admission within one cycle"); otherwise the
+   workload is admitted or issues its preemptions.
+
+:func:`run_cycles` repeats cycles (victims removed between cycles, as if their eviction
+completed); :func:`drain` repeats cycles until nothing changes, without evictions: it admits
+everything that fits, as the event-driven queue-manager does per event.
+
+Nothing here mutates the snapshot passed in: results carry a new snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from services.core.quota.fairsharing import dominant_resource_share
+from services.core.quota.flavors import (
+    Assignment,
+    AssignmentMode,
+    FlavorAssigner,
+    Mode,
+    pod_set_counts_to_try,
+)
+from services.core.quota.model import (
+    Decision,
+    PreemptionPolicy,
+    PreemptionTarget,
+    QueueingStrategy,
+    Reason,
+    Workload,
+    WorkloadStatus,
+)
+from services.core.quota.preemption import Preemptor, get_targets
+from services.core.quota.snapshot import AdmittedWorkload, ClusterQueueState, Snapshot
+from services.core.quota.tree import (
+    Node,
+    add_usage,
+    fits_in,
+    height_of_lowest_subtree_that_fits,
+    remove_usage,
+)
+
+NO_LONGER_FITS = "Workload no longer fits after processing another workload"
+OVERLAPPING_TARGETS = "Workload has overlapping preemption targets with another workload"
+NAMESPACE_MISMATCH = "Workload namespace doesn't match ClusterQueue selector"
+
+
+@dataclass(frozen=True, slots=True)
+class CycleResult:
+    """Decisions for every pending workload given, and the snapshot after admissions."""
+
+    decisions: tuple[Decision, ...]
+    snapshot: Snapshot
+    cycles: int = 1
+
+    def by_workload(self) -> dict[str, Decision]:
+        return {d.workload: d for d in self.decisions}
+
+    @property
+    def admitted(self) -> tuple[Decision, ...]:
+        return tuple(d for d in self.decisions if d.status is WorkloadStatus.ADMITTED)
+
+    def to_json(self) -> dict[str, object]:
+        return {"workloads": [d.to_json() for d in self.decisions]}
+
+
+@dataclass(slots=True)
+class PreemptionPlan:
+    """Flavor assignment and victims for one workload (for the preemption service)."""
+
+    workload: str
+    cluster_queue: str | None
+    mode: AssignmentMode
+    targets: tuple[PreemptionTarget, ...]
+    assignment: Assignment | None
+    message: str
+
+
+# --------------------------------------------------------------------------- queue resolution
+
+
+def queue_order_key(wl: Workload) -> tuple[int, float, str]:
+    """Order within a ClusterQueue: higher priority first, then FIFO, then key."""
+    return (-wl.priority, wl.created_at, wl.key)
+
+
+def resolve_cluster_queue(snapshot: Snapshot, wl: Workload) -> tuple[ClusterQueueState | None, Decision | None]:
+    """The ClusterQueue a pending workload queues in, or a Pending decision saying why not."""
+
+    def pending(message: str, reason: Reason = Reason.INADMISSIBLE, cq: str | None = None) -> Decision:
+        return Decision(wl.key, WorkloadStatus.PENDING, cq, reason, message)
+
+    if wl.queue_name is None:
+        return None, pending("Workload has no queue-name")
+    lq = snapshot.local_queues.get((wl.namespace, wl.queue_name))
+    if lq is None:
+        return None, pending(f"LocalQueue {wl.queue_name} doesn't exist")
+    cq = snapshot.cluster_queues.get(lq.cluster_queue)
+    if cq is None:
+        return None, pending(f"ClusterQueue {lq.cluster_queue} doesn't exist")
+    if cq.inactive_reason is not None:
+        return None, pending(cq.inactive_reason, cq=cq.name)
+    return cq, None
+
+
+def _namespace_matches(snapshot: Snapshot, cq: ClusterQueueState, namespace: str) -> bool:
+    selector = cq.spec.namespace_selector
+    if selector is None:
+        return False
+    if not selector.match_labels and not selector.match_expressions:
+        return True
+    ns = snapshot.namespaces.get(namespace)
+    labels = ns.label_map() if ns is not None else {"kubernetes.io/metadata.name": namespace}
+    return selector.matches(labels)
+
+
+# --------------------------------------------------------------------------- nomination
+
+
+@dataclass(slots=True)
+class _Entry:
+    wl: Workload
+    cq: ClusterQueueState
+    assignment: Assignment | None = None
+    targets: list[PreemptionTarget] = field(default_factory=list)
+    message: str = ""
+    reason: Reason = Reason.WAITING_FOR_QUOTA
+    share: int = 0
+    sort_key: tuple[object, ...] = ()
+
+
+def _oracle(snapshot: Snapshot, preemptor: Preemptor, now: float):  # type: ignore[no-untyped-def]
+    cq = snapshot.cluster_queues[preemptor.cluster_queue]
+
+    def simulate(fr: tuple[str, str], value: int) -> tuple[Mode, int]:
+        targets = get_targets(snapshot, preemptor, {fr: value}, {fr}, now)
+        if not targets:
+            return Mode.NO_CANDIDATES, 0
+        undo = snapshot.simulate_removal(t.workload for t in targets)
+        borrow, _ = height_of_lowest_subtree_that_fits(cq.node, fr, value)
+        undo()
+        if any(t.cluster_queue == cq.name for t in targets):
+            return Mode.PREEMPT, borrow
+        return Mode.RECLAIM, borrow
+
+    return simulate
+
+
+def _assign(snapshot: Snapshot, wl: Workload, cq: ClusterQueueState, now: float) -> tuple[Assignment, list[PreemptionTarget]]:
+    """Kueue's getInitialAssignments: full assignment, its victims, else partial admission."""
+    preemptor = Preemptor(wl.key, cq.name, wl.priority, wl.created_at)
+    fair = snapshot.config.fair_sharing.enabled
+    assigner = FlavorAssigner(cq, snapshot.flavors, wl.pod_sets, _oracle(snapshot, preemptor, now), fair)
+    full = assigner.assign()
+    mode = full.representative_mode()
+    if mode is AssignmentMode.FIT:
+        return full, []
+    if mode is AssignmentMode.PREEMPT and not full.preemption_known_impossible():
+        targets = get_targets(snapshot, preemptor, full.usage, full.resources_requiring_preemption(), now)
+        if targets:
+            return full, targets
+    reducer = pod_set_counts_to_try(wl.pod_sets)
+    if reducer is not None:
+        lo, hi = 1, reducer.total  # type: ignore[attr-defined]
+        found: tuple[Assignment, list[PreemptionTarget]] | None = None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            attempt = assigner.assign(reducer(mid))
+            amode = attempt.representative_mode()
+            ok: tuple[Assignment, list[PreemptionTarget]] | None = None
+            if amode is AssignmentMode.FIT:
+                ok = (attempt, [])
+            elif amode is AssignmentMode.PREEMPT:
+                t = get_targets(snapshot, preemptor, attempt.usage, attempt.resources_requiring_preemption(), now)
+                if t:
+                    ok = (attempt, t)
+            if ok is not None:
+                found = ok
+                hi = mid - 1
+            else:
+                lo = mid + 1
+        if found is not None:
+            return found
+    return full, []
+
+
+def preemption_targets(snapshot: Snapshot, wl: Workload, now: float) -> PreemptionPlan:
+    """Flavors and the minimal victim set for one pending workload (snapshot left unchanged).
+
+    The preemption service calls this, then filters the victims by its own policy.
+    """
+    cq, rejected = resolve_cluster_queue(snapshot, wl)
+    if cq is None:
+        assert rejected is not None
+        return PreemptionPlan(wl.key, rejected.cluster_queue, AssignmentMode.NO_FIT, (), None, rejected.message)
+    assignment, targets = _assign(snapshot, wl, cq, now)
+    return PreemptionPlan(
+        wl.key, cq.name, assignment.representative_mode(), tuple(targets), assignment, assignment.message()
+    )
+
+
+# --------------------------------------------------------------------------- the cycle
+
+
+class _Queues:
+    """Pending workloads per ClusterQueue, in queue order, plus the BestEffortFIFO
+    inadmissible set (workloads that stepped aside until quota is freed)."""
+
+    __slots__ = ("order", "pending", "inadmissible", "pos")
+
+    def __init__(self) -> None:
+        self.order: list[str] = []  # ClusterQueue names, sorted
+        self.pending: dict[str, list[Workload]] = {}
+        self.inadmissible: set[str] = set()
+        self.pos: dict[str, int] = {}  # first index that may still be pending
+
+    def add(self, cq: str, wl: Workload) -> None:
+        self.pending.setdefault(cq, []).append(wl)
+
+    def seal(self) -> None:
+        for wls in self.pending.values():
+            wls.sort(key=queue_order_key)
+        self.order = sorted(self.pending)
+        self.pos = {cq: 0 for cq in self.order}
+
+
+def _reserve(e: _Entry) -> dict[tuple[str, str], int]:
+    """Kueue's quotaResourcesToReserve for a preemptor without candidates."""
+    assert e.assignment is not None
+    cq = e.cq
+    out = {}
+    for fr, value in e.assignment.usage.items():
+        quota = cq.node.quotas.get(fr)
+        nominal = 0 if quota is None else quota.nominal
+        usage = cq.node.usage.get(fr, 0)
+        if e.assignment.borrowing:
+            if quota is None or quota.borrowing_limit is None:
+                out[fr] = value
+            else:
+                out[fr] = min(value, nominal + quota.borrowing_limit - usage)
+        else:
+            out[fr] = max(0, min(value, nominal - usage))
+    return out
+
+
+class _Scheduler:
+    def __init__(self, snapshot: Snapshot, pending: Iterable[Workload], now: float) -> None:
+        self.snap = snapshot.copy()
+        self.now = now
+        self.queues = _Queues()
+        self.decisions: dict[str, Decision] = {}
+        self.order: list[str] = []
+        self.done: set[str] = set()  # admitted or (drain) preempting: out of the queues
+        self.preempted_for: dict[str, tuple[PreemptionTarget, ...]] = {}
+        for wl in pending:
+            if wl.key in self.snap.workloads or wl.key in self.decisions or wl.admission is not None:
+                continue
+            self.order.append(wl.key)
+            cq, rejected = resolve_cluster_queue(self.snap, wl)
+            if cq is None:
+                assert rejected is not None
+                self.decisions[wl.key] = rejected
+                continue
+            self.queues.add(cq.name, wl)
+            self.decisions[wl.key] = Decision(
+                wl.key, WorkloadStatus.PENDING, cq.name, Reason.QUEUED, f"Queued in ClusterQueue {cq.name}"
+            )
+        self.queues.seal()
+        self.fair = self.snap.config.fair_sharing.enabled
+
+    # -- heads
+
+    def heads(self) -> list[tuple[Workload, ClusterQueueState]]:
+        out = []
+        q = self.queues
+        done = self.done
+        inadmissible = q.inadmissible
+        for cq_name in q.order:
+            wls = q.pending[cq_name]
+            cq = self.snap.cluster_queues[cq_name]
+            strict = cq.spec.queueing_strategy is QueueingStrategy.STRICT_FIFO
+            i = q.pos[cq_name]
+            n = len(wls)
+            if strict:
+                while i < n and wls[i].key in done:
+                    i += 1
+            else:  # inadmissible workloads stay aside until evict() resets the positions
+                while i < n and (wls[i].key in done or wls[i].key in inadmissible):
+                    i += 1
+            q.pos[cq_name] = i
+            if i < n:
+                out.append((wls[i], cq))
+        return out
+
+    # -- one cycle
+
+    def cycle(self, drain: bool) -> tuple[bool, list[PreemptionTarget]]:
+        """Run one cycle. Returns (progress, victims issued)."""
+        snap = self.snap
+        now = self.now
+        entries: list[_Entry] = []
+        for wl, cq in self.heads():
+            e = _Entry(wl, cq)
+            if not _namespace_matches(snap, cq, wl.namespace):
+                e.message, e.reason = NAMESPACE_MISMATCH, Reason.NAMESPACE_MISMATCH
+            else:
+                e.assignment, e.targets = _assign(snap, wl, cq, now)
+                e.message = e.assignment.message()
+                if self.fair:
+                    e.share = dominant_resource_share(cq.node, e.assignment.usage)[0]
+                e.sort_key = (e.assignment.borrowing, e.share, -wl.priority, wl.created_at, wl.key)
+            entries.append(e)
+        entries.sort(key=lambda e: e.sort_key if e.assignment is not None else (1 << 62,))
+
+        progress = False
+        issued: list[PreemptionTarget] = []
+        preempted: dict[str, PreemptionTarget] = {}
+        temporary: list[tuple[Node, tuple[str, str], int]] = []
+        set_aside: list[str] = []
+        for e in entries:
+            wl, cq = e.wl, e.cq
+            strict = cq.spec.queueing_strategy is QueueingStrategy.STRICT_FIFO
+            if e.assignment is None:
+                self._pending(e, e.reason, e.message)
+                set_aside.append(wl.key)
+                continue
+            mode = e.assignment.representative_mode()
+            if mode is AssignmentMode.NO_FIT:
+                self._pending(e, e.assignment.no_fit_reason(), e.message)
+                set_aside.append(wl.key)
+                continue
+            if mode is AssignmentMode.PREEMPT and not e.targets:
+                self._pending(e, Reason.WAITING_FOR_QUOTA, e.message)
+                set_aside.append(wl.key)
+                if cq.spec.preemption.reclaim_within_cohort is not PreemptionPolicy.ANY:
+                    for fr, value in _reserve(e).items():
+                        if value > 0:
+                            add_usage(cq.node, fr, value)
+                            temporary.append((cq.node, fr, value))
+                continue
+            if any(t.workload in preempted for t in e.targets):
+                self._pending(e, Reason.FAILED_AFTER_NOMINATION, OVERLAPPING_TARGETS)
+                continue
+            usage = e.assignment.usage
+            removal = [k for k in preempted] + [t.workload for t in e.targets]
+            undo = snap.simulate_removal(removal) if removal else None
+            fits = fits_in(cq.node, usage)
+            if undo is not None:
+                undo()
+            if not fits:
+                self._pending(e, Reason.FAILED_AFTER_NOMINATION, NO_LONGER_FITS)
+                continue
+            for t in e.targets:
+                preempted[t.workload] = t
+            if mode is AssignmentMode.PREEMPT:
+                for fr, value in usage.items():
+                    add_usage(cq.node, fr, value)
+                    temporary.append((cq.node, fr, value))
+                message = f"{e.message}. Pending the preemption of {len(e.targets)} workload(s)"
+                self.decisions[wl.key] = Decision(
+                    wl.key, WorkloadStatus.PREEMPTING, cq.name, Reason.PENDING_PREEMPTION, message,
+                    e.assignment.flavors(), e.assignment.counts(), tuple(e.targets), e.assignment.borrowing,
+                )
+                issued.extend(e.targets)
+                self.preempted_for[wl.key] = self.preempted_for.get(wl.key, ()) + tuple(e.targets)
+                progress = True
+                if drain:
+                    self.done.add(wl.key)
+                continue
+            snap.add_workload(
+                AdmittedWorkload(wl.key, cq.name, wl.priority, tuple(sorted(usage.items())), now, wl.created_at, wl.uid)
+            )
+            waited = f", wait time since queued was {int(now - wl.created_at)}s" if 0 < wl.created_at <= now else ""
+            self.decisions[wl.key] = Decision(
+                wl.key, WorkloadStatus.ADMITTED, cq.name, Reason.QUOTA_RESERVED,
+                f"Quota reserved in ClusterQueue {cq.name}{waited}",
+                e.assignment.flavors(), e.assignment.counts(), self.preempted_for.get(wl.key, ()),
+                e.assignment.borrowing,
+            )
+            self.done.add(wl.key)
+            progress = True
+        for node, fr, value in reversed(temporary):
+            remove_usage(node, fr, value)
+        for key in set_aside:
+            # BestEffortFIFO: the head steps aside until quota is freed; StrictFIFO: it stays.
+            cq_name = self.decisions[key].cluster_queue
+            if cq_name is not None and (
+                self.snap.cluster_queues[cq_name].spec.queueing_strategy is QueueingStrategy.BEST_EFFORT_FIFO
+            ):
+                if key not in self.queues.inadmissible:
+                    self.queues.inadmissible.add(key)
+                    progress = True
+        return progress, issued
+
+    def _pending(self, e: _Entry, reason: Reason, message: str) -> None:
+        self.decisions[e.wl.key] = Decision(e.wl.key, WorkloadStatus.PENDING, e.cq.name, reason, message)
+
+    def evict(self, victims: list[PreemptionTarget]) -> None:
+        """Victims' eviction completes: their quota is freed, inadmissible workloads requeue."""
+        for t in victims:
+            if t.workload in self.snap.workloads:
+                self.snap.remove_workload(t.workload)
+        if victims:
+            self.queues.inadmissible.clear()
+            self.queues.pos = {cq: 0 for cq in self.queues.order}
+
+    def result(self, cycles: int) -> CycleResult:
+        return CycleResult(tuple(self.decisions[k] for k in self.order), self.snap, cycles)
+
+
+def schedule_cycle(snapshot: Snapshot, pending: Iterable[Workload], now: float) -> CycleResult:
+    """One Kueue scheduling cycle over the pending workloads (one head per ClusterQueue)."""
+    return run_cycles(snapshot, pending, now, cycles=1)
+
+
+def run_cycles(snapshot: Snapshot, pending: Iterable[Workload], now: float, cycles: int = 1) -> CycleResult:
+    """Repeat cycles; after each, preempted victims are removed (their eviction completed)
+    and admitted workloads keep their quota."""
+    sched = _Scheduler(snapshot, pending, now)
+    ran = 0
+    for _ in range(max(1, cycles)):
+        ran += 1
+        _, victims = sched.cycle(drain=False)
+        sched.evict(victims)
+    return sched.result(ran)
+
+
+def drain(snapshot: Snapshot, pending: Iterable[Workload], now: float, max_cycles: int | None = None) -> CycleResult:
+    """Cycles until nothing changes: everything that fits is admitted in one pass.
+
+    Preemptions are decided (status Preempting) but not carried out: victims keep their
+    quota until the caller removes them from the snapshot.
+    """
+    sched = _Scheduler(snapshot, pending, now)
+    ran = 0
+    while max_cycles is None or ran < max_cycles:
+        ran += 1
+        progress, _ = sched.cycle(drain=True)
+        if not progress:
+            break
+    return sched.result(ran)

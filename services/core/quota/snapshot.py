@@ -1,0 +1,277 @@
+"""The snapshot: quota tree + admitted usage, the thing every decision is made over.
+
+A :class:`Snapshot` is built once from :class:`~services.core.quota.model.Objects`
+(:func:`build_snapshot`). Decisions never mutate the snapshot they are given: the scheduler
+works on :meth:`Snapshot.copy`. "What if" questions use :meth:`Snapshot.simulate_removal`,
+which returns an undo function (Kueue's ``SimulateWorkloadUsageRemoval``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from services.core.quota.errors import UnknownWorkloadError
+from services.core.quota.model import (
+    ClusterQueue,
+    Config,
+    FlavorResource,
+    LocalQueue,
+    Namespace,
+    Objects,
+    ResourceFlavor,
+    ResourceGroup,
+    ResourceQuota,
+    Workload,
+)
+from services.core.quota.tree import Node, add_usage, compute_subtree, remove_usage
+
+
+@dataclass(frozen=True, slots=True)
+class AdmittedWorkload:
+    """A workload holding quota in a ClusterQueue."""
+
+    key: str
+    cluster_queue: str
+    priority: int
+    usage: tuple[tuple[FlavorResource, int], ...]
+    quota_reserved_at: float | None = None
+    created_at: float = 0.0
+    uid: str = ""
+    evicted: bool = False
+
+    @staticmethod
+    def from_workload(wl: Workload) -> AdmittedWorkload:
+        if wl.admission is None:
+            raise ValueError(f"workload {wl.key} is not admitted")
+        return AdmittedWorkload(
+            wl.key,
+            wl.admission.cluster_queue,
+            wl.priority,
+            tuple(sorted(wl.admission.flavor_usage().items())),
+            wl.quota_reserved_at,
+            wl.created_at,
+            wl.uid,
+            wl.evicted,
+        )
+
+
+class ClusterQueueState:
+    """Per-ClusterQueue view in a snapshot: spec, tree node, admitted workloads."""
+
+    __slots__ = ("spec", "node", "workloads", "rg_by_resource", "inactive_reason")
+
+    def __init__(self, spec: ClusterQueue, node: Node, inactive_reason: str | None) -> None:
+        self.spec = spec
+        self.node = node
+        self.workloads: dict[str, AdmittedWorkload] = {}
+        self.rg_by_resource: dict[str, ResourceGroup] = {
+            res: rg for rg in spec.resource_groups for res in rg.covered_resources
+        }
+        self.inactive_reason = inactive_reason
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def nominal(self, fr: FlavorResource) -> int:
+        quota = self.node.quotas.get(fr)
+        return 0 if quota is None else quota.nominal
+
+
+def _quotas(groups: tuple[ResourceGroup, ...]) -> dict[FlavorResource, ResourceQuota]:
+    return {(fq.flavor, rq.resource): rq for rg in groups for fq in rg.flavors for rq in fq.resources}
+
+
+class Snapshot:
+    """Quota tree with admitted usage. Copy before mutating (the scheduler does)."""
+
+    __slots__ = (
+        "flavors",
+        "cluster_queues",
+        "cohorts",
+        "workloads",
+        "config",
+        "namespaces",
+        "local_queues",
+        "_members",
+    )
+
+    def __init__(self) -> None:
+        self.flavors: Mapping[str, ResourceFlavor] = {}
+        self.cluster_queues: dict[str, ClusterQueueState] = {}
+        self.cohorts: dict[str, Node] = {}
+        self.workloads: dict[str, AdmittedWorkload] = {}
+        self.config = Config()
+        self.namespaces: Mapping[str, Namespace] = {}
+        self.local_queues: Mapping[tuple[str, str], LocalQueue] = {}
+        self._members: dict[str, list[ClusterQueueState]] = {}
+
+    # ------------------------------------------------------------------ structure
+
+    def cluster_queue(self, name: str) -> ClusterQueueState | None:
+        return self.cluster_queues.get(name)
+
+    def tree_members(self, cq: ClusterQueueState) -> list[ClusterQueueState]:
+        """All ClusterQueues sharing ``cq``'s root cohort (just ``cq`` if it has none)."""
+        if cq.node.parent is None:
+            return [cq]
+        root = cq.node.root()
+        members = self._members.get(root.name)
+        if members is None:
+            members = []
+            stack = [root]
+            while stack:
+                n = stack.pop()
+                members.extend(self.cluster_queues[c.name] for c in n.child_cqs)
+                stack.extend(n.child_cohorts)
+            members.sort(key=lambda m: m.name)
+            self._members[root.name] = members
+        return members
+
+    def root_name(self, cq_name: str) -> str:
+        """The key of the cohort tree a ClusterQueue belongs to (its own name if alone)."""
+        cq = self.cluster_queues[cq_name]
+        if cq.node.parent is None:
+            return cq_name
+        return "cohort:" + cq.node.root().name
+
+    # ------------------------------------------------------------------ usage
+
+    def add_workload(self, wl: AdmittedWorkload) -> None:
+        cq = self.cluster_queues.get(wl.cluster_queue)
+        if cq is None:
+            return  # usage in an unknown ClusterQueue counts nowhere (as in Kueue's cache)
+        if wl.key in self.workloads:
+            raise ValueError(f"workload {wl.key} is already admitted")
+        self.workloads[wl.key] = wl
+        cq.workloads[wl.key] = wl
+        node = cq.node
+        for fr, value in wl.usage:
+            add_usage(node, fr, value)
+
+    def remove_workload(self, key: str) -> AdmittedWorkload:
+        wl = self.workloads.pop(key, None)
+        if wl is None:
+            raise UnknownWorkloadError(key)
+        cq = self.cluster_queues[wl.cluster_queue]
+        del cq.workloads[key]
+        node = cq.node
+        for fr, value in wl.usage:
+            remove_usage(node, fr, value)
+        return wl
+
+    def simulate_removal(self, keys: Iterable[str]) -> Callable[[], None]:
+        """Remove workloads' usage; return a function that puts it back."""
+        removed = [self.remove_workload(k) for k in keys]
+
+        def undo() -> None:
+            for wl in reversed(removed):
+                self.add_workload(wl)
+
+        return undo
+
+    def simulate_addition(self, wl: AdmittedWorkload) -> Callable[[], None]:
+        self.add_workload(wl)
+        return lambda: self.remove_workload(wl.key) and None
+
+    def usage(self) -> dict[str, dict[str, dict[str, int]]]:
+        """Usage per ClusterQueue → flavor → resource, in milli-units (zero entries omitted)."""
+        out: dict[str, dict[str, dict[str, int]]] = {}
+        for name in sorted(self.cluster_queues):
+            per_flavor: dict[str, dict[str, int]] = {}
+            for (flavor, res), value in sorted(self.cluster_queues[name].node.usage.items()):
+                if value:
+                    per_flavor.setdefault(flavor, {})[res] = value
+            out[name] = per_flavor
+        return out
+
+    def cohort_usage(self) -> dict[str, dict[FlavorResource, int]]:
+        return {name: dict(node.usage) for name, node in sorted(self.cohorts.items())}
+
+    # ------------------------------------------------------------------ copy
+
+    def copy(self) -> Snapshot:
+        """An independent snapshot: same quotas, own usage and admitted set."""
+        new = Snapshot()
+        new.flavors = self.flavors
+        new.config = self.config
+        new.namespaces = self.namespaces
+        new.local_queues = self.local_queues
+        new._members = {}
+        clones: dict[int, Node] = {}
+
+        def clone(node: Node) -> Node:
+            c = clones.get(id(node))
+            if c is None:
+                c = node.clone_shallow()
+                clones[id(node)] = c
+                if node.parent is not None:
+                    c.parent = clone(node.parent)
+            return c
+
+        for name, node in self.cohorts.items():
+            new.cohorts[name] = clone(node)
+        for name, cq in self.cluster_queues.items():
+            state = ClusterQueueState.__new__(ClusterQueueState)
+            state.spec = cq.spec
+            state.node = clone(cq.node)
+            state.workloads = dict(cq.workloads)
+            state.rg_by_resource = cq.rg_by_resource
+            state.inactive_reason = cq.inactive_reason
+            new.cluster_queues[name] = state
+        for node in clones.values():
+            if node.parent is not None:
+                if node.is_cq:
+                    node.parent.child_cqs.append(node)
+                else:
+                    node.parent.child_cohorts.append(node)
+        new.workloads = dict(self.workloads)
+        return new
+
+
+def build_snapshot(objects: Objects, admitted: Iterable[Workload | AdmittedWorkload] | None = None) -> Snapshot:
+    """Build the quota tree from Kueue objects and add admitted usage.
+
+    ``admitted`` defaults to the workloads in ``objects`` that carry ``status.admission``.
+    """
+    snap = Snapshot()
+    snap.flavors = objects.flavors
+    snap.config = objects.config
+    snap.namespaces = objects.namespaces
+    snap.local_queues = objects.local_queues
+    for name, cohort in objects.cohorts.items():
+        snap.cohorts[name] = Node(name, False, _quotas(cohort.resource_groups), cohort.fair_weight)
+    for name, cohort in objects.cohorts.items():
+        if cohort.parent is not None:
+            node = snap.cohorts[name]
+            node.parent = snap.cohorts[cohort.parent]
+            node.parent.child_cohorts.append(node)
+    for name in sorted(objects.cluster_queues):
+        spec = objects.cluster_queues[name]
+        node = Node(name, True, _quotas(spec.resource_groups), spec.fair_weight)
+        if spec.cohort is not None:
+            node.parent = snap.cohorts[spec.cohort]
+            node.parent.child_cqs.append(node)
+        inactive = None
+        if spec.stop_policy != "None":
+            inactive = f"ClusterQueue {name} is inactive"
+        else:
+            missing = sorted({fq.flavor for rg in spec.resource_groups for fq in rg.flavors} - set(objects.flavors))
+            if missing:
+                inactive = f"ClusterQueue {name} is inactive"
+        snap.cluster_queues[name] = ClusterQueueState(spec, node, inactive)
+    for node in snap.cohorts.values():
+        if node.parent is None:
+            compute_subtree(node)
+    for cq in snap.cluster_queues.values():
+        if cq.node.parent is None:
+            compute_subtree(cq.node)
+    if admitted is None:
+        admitted = [wl for wl in objects.workloads if wl.admission is not None]
+    for wl in sorted(
+        (w if isinstance(w, AdmittedWorkload) else AdmittedWorkload.from_workload(w) for w in admitted),
+        key=lambda w: w.key,
+    ):
+        snap.add_workload(wl)
+    return snap

@@ -1,0 +1,135 @@
+"""The scheduling cycle (Kueue's scheduler_test.go, reduced): heads, ordering, strategies,
+no over-admission, partial admission, gang, drain."""
+
+import pytest
+from quota_builders import GPU, make_cq, make_flavor, make_lq, make_wl, schedule, summary
+
+from services.core.quota import Reason, WorkloadStatus
+
+F = make_flavor("f")
+
+
+def lqs(*cqs):
+    return [make_lq(cq, cq) for cq in cqs]
+
+
+CASES = [
+    ("one head per ClusterQueue per cycle",
+     [make_cq("a").gpu("f", 10).obj(),
+      make_wl("w1").queue("a").gpu(1).created(1).obj(), make_wl("w2").queue("a").gpu(1).created(2).obj()],
+     {"default/w1": ("Admitted", "f"), "default/w2": ("Pending", "")}),
+    ("priority before FIFO within a queue",
+     [make_cq("a").gpu("f", 10).obj(),
+      make_wl("old").queue("a").gpu(1).created(1).obj(), make_wl("vip").queue("a").priority(5).gpu(1).created(9).obj()],
+     {"default/old": ("Pending", ""), "default/vip": ("Admitted", "f")}),
+    ("no over-admission: cohort entries not borrowing go first",
+     [make_cq("a").cohort("c").gpu("f", 5).obj(), make_cq("b").cohort("c").gpu("f", 5).obj(),
+      make_wl("borrower").queue("a").priority(100).gpu(8).created(1).obj(),
+      make_wl("nominal").queue("b").gpu(5).created(2).obj()],
+     {"default/borrower": ("Pending", ""), "default/nominal": ("Admitted", "f")}),
+    ("same borrowing level: higher priority first, the other no longer fits",
+     [make_cq("a").cohort("c").gpu("f", 5).obj(), make_cq("b").cohort("c").gpu("f", 5).obj(),
+      make_wl("low").queue("a").priority(1).gpu(6).created(1).obj(),
+      make_wl("high").queue("b").priority(9).gpu(6).created(2).obj()],
+     {"default/low": ("Pending", ""), "default/high": ("Admitted", "f")}),
+    ("same level and priority: FIFO",
+     [make_cq("a").cohort("c").gpu("f", 5).obj(), make_cq("b").cohort("c").gpu("f", 5).obj(),
+      make_wl("first").queue("a").gpu(6).created(1).obj(), make_wl("second").queue("b").gpu(6).created(2).obj()],
+     {"default/first": ("Admitted", "f"), "default/second": ("Pending", "")}),
+    ("gang: all pod sets or none",
+     [make_cq("a").gpu("f", 4).obj(),
+      make_wl("gang").queue("a").podset("driver", 1, gpu=1).podset("workers", 4, gpu=1).obj()],
+     {"default/gang": ("Pending", "")}),
+]
+
+
+@pytest.mark.parametrize(("name", "docs", "want"), CASES, ids=[c[0] for c in CASES])
+def test_cycle(name, docs, want):
+    got = summary(schedule([F, *lqs("a", "b"), *docs]))
+    assert {k: v[:2] for k, v in got.items()} == want
+
+
+def test_no_longer_fits_message_and_reason():
+    docs = [F, *lqs("a", "b"), make_cq("a").cohort("c").gpu("f", 5).obj(), make_cq("b").cohort("c").gpu("f", 5).obj(),
+            make_wl("low").queue("a").priority(1).gpu(6).obj(), make_wl("high").queue("b").priority(9).gpu(6).obj()]
+    d = schedule(docs)["default/low"]
+    assert d.reason is Reason.FAILED_AFTER_NOMINATION
+    assert d.message == "Workload no longer fits after processing another workload"
+
+
+def strict_vs_best_effort(strict):
+    cq = make_cq("a").gpu("f", 4)
+    if strict:
+        cq = cq.strict_fifo()
+    return [F, *lqs("a"), cq.obj(),
+            make_wl("big").queue("a").priority(5).gpu(8).created(1).obj(),  # can never fit
+            make_wl("small").queue("a").gpu(2).created(2).obj()]
+
+
+def test_best_effort_fifo_lets_the_next_workload_through():
+    got = schedule(strict_vs_best_effort(False), cycles=2)
+    assert got["default/big"].status is WorkloadStatus.PENDING
+    assert got["default/small"].status is WorkloadStatus.ADMITTED
+
+
+def test_strict_fifo_head_blocks_the_queue():
+    got = schedule(strict_vs_best_effort(True), cycles=3)
+    assert got["default/big"].status is WorkloadStatus.PENDING
+    assert got["default/small"].status is WorkloadStatus.PENDING
+    assert got["default/small"].reason is Reason.QUEUED
+
+
+def test_drain_admits_everything_that_fits():
+    docs = [F, *lqs("a", "b"), make_cq("a").cohort("c").gpu("f", 4).obj(), make_cq("b").cohort("c").gpu("f", 4).obj()]
+    docs += [make_wl(f"w{i}").queue("a" if i % 2 else "b").gpu(1).created(i).obj() for i in range(10)]
+    got = schedule(docs, mode="drain")
+    admitted = [k for k, d in got.items() if d.status is WorkloadStatus.ADMITTED]
+    assert len(admitted) == 8
+    # FIFO within each queue; the cohort's borrowers come from the earliest entries
+    assert {"default/w8", "default/w9"} == {k for k, d in got.items() if d.status is WorkloadStatus.PENDING}
+
+
+@pytest.mark.parametrize(
+    ("quota", "count", "min_count", "want_status", "want_count"),
+    [
+        (10, 8, 2, "Admitted", 8),  # fits fully
+        (5, 8, 2, "Admitted", 5),  # largest count that fits
+        (1, 8, 2, "Pending", None),  # even minCount does not fit
+        (5, 8, None, "Pending", None),  # no minCount: all or nothing
+    ],
+)
+def test_partial_admission(quota, count, min_count, want_status, want_count):
+    docs = [F, *lqs("a"), make_cq("a").gpu("f", quota).obj(),
+            make_wl("w").queue("a").podset("main", count, min_count=min_count, gpu=1).obj()]
+    d = schedule(docs)["default/w"]
+    assert d.status == want_status
+    if want_count is not None:
+        assert d.counts == {"main": want_count}
+
+
+def test_admission_problems_named():
+    docs = [F, make_lq("a", "a"), make_lq("stopped", "stopped"), make_lq("sel", "sel"), make_lq("ghost", "nope"),
+            make_cq("a").gpu("f", 4).obj(), make_cq("stopped").gpu("f", 4).spec(stopPolicy="Hold").obj(),
+            make_cq("sel").gpu("f", 4).spec(namespaceSelector={"matchLabels": {"team": "x"}}).obj(),
+            make_wl("no-lq").queue("missing").gpu(1).obj(), make_wl("no-cq").queue("ghost").gpu(1).obj(),
+            make_wl("held").queue("stopped").gpu(1).obj(), make_wl("ns").queue("sel").gpu(1).obj()]
+    got = schedule(docs)
+    assert got["default/no-lq"].message == "LocalQueue missing doesn't exist"
+    assert got["default/no-cq"].message == "ClusterQueue nope doesn't exist"
+    assert got["default/held"].message == "ClusterQueue stopped is inactive"
+    assert got["default/ns"].message == "Workload namespace doesn't match ClusterQueue selector"
+    assert got["default/ns"].reason is Reason.NAMESPACE_MISMATCH
+
+
+def test_schedule_does_not_mutate_the_snapshot():
+    from quota_builders import T0
+
+    from services.core.quota import build_snapshot, load_objects, schedule_cycle
+
+    objects = load_objects(("t", d) for d in [F, *lqs("a"), make_cq("a").gpu("f", 4).obj(),
+                                              make_wl("w").queue("a").gpu(2).obj()])
+    snap = build_snapshot(objects)
+    result = schedule_cycle(snap, objects.workloads, T0)
+    assert snap.usage() == {"a": {}}
+    assert result.snapshot.usage() == {"a": {"f": {GPU: 2000}}}
+    assert result.snapshot.workloads["default/w"].quota_reserved_at == T0
