@@ -69,6 +69,21 @@ async def _trail(bootstrap: str, prefix: str) -> list:
     return [e async for _, e in read_envelopes(bootstrap, prefix + "qm.workloads") if not isinstance(e, Exception)]
 
 
+def _detail(event_type: str, p) -> str:
+    if event_type == "workload.quota_reserved.v1":
+        return f"reserved on {', '.join(p.usage)}"
+    if event_type == "workload.pending.v1":
+        return p.message
+    if event_type == "workload.prefreeze_expired.v1":
+        gpus = sum(r.get("nvidia.com/gpu", 0) for r in p.usage.values()) / 1000
+        return f"idle {p.idle_s:.0f} s holding {gpus:g} GPU"
+    if event_type == "workload.released.v1":
+        return p.reason
+    if event_type == "workload.requeued.v1":
+        return f"retry at {p.requeue_at} (backoff {p.backoff_s} s)"
+    return ""
+
+
 def _wait_ready(port: int, process: subprocess.Popen, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -121,14 +136,7 @@ def demo(
         if e.producer != "queue-manager" or not e.event_type.startswith("workload."):
             continue
         p = e.payload
-        detail = {
-            "workload.quota_reserved.v1": lambda: f"reserved on {p.usage and ', '.join(p.usage)}",
-            "workload.pending.v1": lambda: p.message,
-            "workload.prefreeze_expired.v1": lambda: f"idle {p.idle_s:.0f} s holding "
-            f"{sum(r.get('nvidia.com/gpu', 0) for r in p.usage.values()) / 1000:g} GPU",
-            "workload.released.v1": lambda: p.reason,
-            "workload.requeued.v1": lambda: f"retry at {p.requeue_at} (backoff {p.backoff_s} s)",
-        }.get(e.event_type, lambda: "")()
+        detail = _detail(e.event_type, p)
         table.add_row(f"{p.namespace}/{p.name}", e.event_type.split(".")[1], detail)
     console.print(table)
     if not any(e.event_type == "workload.requeued.v1" for e in trail):
