@@ -74,13 +74,21 @@ def _parse_now(value: str | None) -> float:
 def simulate(
     files: Annotated[
         list[Path],
-        typer.Option("-f", "--filename", help="Kueue YAML files or directories (multi-document). Repeatable."),
+        typer.Option(
+            "-f", "--filename", help="Kueue YAML files or directories (multi-document). Repeatable."
+        ),
     ],
-    cycles: Annotated[int, typer.Option("--cycles", min=1, help="Scheduling cycles to run (cycle mode).")] = 1,
-    mode: Annotated[Mode, typer.Option("--mode", help="cycle: Kueue cycles; drain: admit all that fits.")] = Mode.cycle,
+    cycles: Annotated[
+        int, typer.Option("--cycles", min=1, help="Scheduling cycles to run (cycle mode).")
+    ] = 1,
+    mode: Annotated[
+        Mode, typer.Option("--mode", help="cycle: Kueue cycles; drain: admit all that fits.")
+    ] = Mode.cycle,
     now: Annotated[
         str | None,
-        typer.Option("--now", help="Simulation time (RFC 3339). Default: latest timestamp found in the input."),
+        typer.Option(
+            "--now", help="Simulation time (RFC 3339). Default: latest timestamp found in the input."
+        ),
     ] = None,
 ) -> None:
     """Run one Kueue scheduling cycle (or a drain pass) over the pending workloads; print JSON."""

@@ -66,7 +66,10 @@ def dominant_resource_share(
 
 
 def strategy_allows(
-    strategy: FairSharingStrategy, preemptor_new_share: int, preemptee_old_share: int, preemptee_new_share: int
+    strategy: FairSharingStrategy,
+    preemptor_new_share: int,
+    preemptee_old_share: int,
+    preemptee_new_share: int,
 ) -> bool:
     """Kueue's fair-sharing preemption rules S2-a / S2-b (KEP-1714)."""
     if strategy is FairSharingStrategy.LESS_THAN_OR_EQUAL_TO_FINAL_SHARE:

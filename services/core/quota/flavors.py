@@ -146,7 +146,9 @@ class Assignment:
         preemption: victims for the whole request cannot exist either (they would have to
         free that same flavor-resource), so the search can be skipped."""
         return any(
-            choice.granular is Mode.NO_CANDIDATES for ps in self.pod_sets for choice in (ps.flavors or {}).values()
+            choice.granular is Mode.NO_CANDIDATES
+            for ps in self.pod_sets
+            for choice in (ps.flavors or {}).values()
         )
 
     def resources_requiring_preemption(self) -> set[FlavorResource]:
@@ -310,7 +312,9 @@ class FlavorAssigner:
             return None, reasons, no_fit
         return best, reasons, None
 
-    def _fits_quota(self, fr: FlavorResource, assumed: int, request: int) -> tuple[Mode, int, str | None, Reason | None]:
+    def _fits_quota(
+        self, fr: FlavorResource, assumed: int, request: int
+    ) -> tuple[Mode, int, str | None, Reason | None]:
         node = self.cq.node
         value = assumed + request
         max_capacity = node.potential.get(fr)
@@ -332,12 +336,17 @@ class FlavorAssigner:
                 return Mode.FIT, 0, None, None
             return Mode.FIT, height_of_lowest_subtree_that_fits(node, fr, value)[0], None, None
         borrow, may_reclaim = height_of_lowest_subtree_that_fits(node, fr, value)
-        message = (
-            f"insufficient unused quota for {res} in flavor {fr[0]}, {format_milli(value - avail, res)} more needed"
-        )
-        if self.oracle is not None and (self.cq.nominal(fr) >= value or may_reclaim or self.can_preempt_while_borrowing):
+        message = f"insufficient unused quota for {res} in flavor {fr[0]}, {format_milli(value - avail, res)} more needed"
+        if self.oracle is not None and (
+            self.cq.nominal(fr) >= value or may_reclaim or self.can_preempt_while_borrowing
+        ):
             mode, borrow_after = self.oracle(fr, value)
-            return mode, borrow_after, message, (None if mode is not Mode.NO_FIT else Reason.WAITING_FOR_QUOTA)
+            return (
+                mode,
+                borrow_after,
+                message,
+                (None if mode is not Mode.NO_FIT else Reason.WAITING_FOR_QUOTA),
+            )
         return Mode.NO_FIT, borrow, message, Reason.WAITING_FOR_QUOTA
 
 

@@ -154,7 +154,9 @@ def _selector(ctx: _Ctx, value: Any, path: str) -> LabelSelector:
         epath = f"{path}.matchExpressions[{i}]"
         expr = ctx.mapping(expr, epath)
         key = ctx.string(expr.get("key"), f"{epath}.key", required=True)
-        op = ctx.enum(expr.get("operator"), f"{epath}.operator", ("In", "NotIn", "Exists", "DoesNotExist"), "")
+        op = ctx.enum(
+            expr.get("operator"), f"{epath}.operator", ("In", "NotIn", "Exists", "DoesNotExist"), ""
+        )
         values = tuple(str(v) for v in ctx.seq(expr.get("values"), f"{epath}.values"))
         reqs.append(LabelRequirement(key, op, values))
     return LabelSelector(_labels(ctx, sel.get("matchLabels"), f"{path}.matchLabels"), tuple(reqs))
@@ -171,11 +173,15 @@ def _resource_groups(
         rg = ctx.mapping(raw, gpath)
         covered = tuple(
             ctx.string(r, f"{gpath}.coveredResources[{i}]", required=True) or ""
-            for i, r in enumerate(ctx.seq(rg.get("coveredResources"), f"{gpath}.coveredResources", required=True))
+            for i, r in enumerate(
+                ctx.seq(rg.get("coveredResources"), f"{gpath}.coveredResources", required=True)
+            )
         )
         for res in covered:
             if res in seen_resources:
-                raise ctx.fail(f"{gpath}.coveredResources", f"resource {res} is covered by more than one resource group")
+                raise ctx.fail(
+                    f"{gpath}.coveredResources", f"resource {res} is covered by more than one resource group"
+                )
             seen_resources.add(res)
         flavors = []
         for f, fraw in enumerate(ctx.seq(rg.get("flavors"), f"{gpath}.flavors", required=True)):
@@ -191,7 +197,9 @@ def _resource_groups(
                 rq = ctx.mapping(rraw, rpath)
                 rname = ctx.string(rq.get("name"), f"{rpath}.name", required=True) or ""
                 if rname not in covered:
-                    raise ctx.fail(f"{rpath}.name", f"resource {rname} is not in coveredResources {list(covered)}")
+                    raise ctx.fail(
+                        f"{rpath}.name", f"resource {rname} is not in coveredResources {list(covered)}"
+                    )
                 nominal = ctx.quantity(rq.get("nominalQuota"), f"{rpath}.nominalQuota", required=True) or 0
                 borrowing = ctx.quantity(rq.get("borrowingLimit"), f"{rpath}.borrowingLimit")
                 lending = ctx.quantity(rq.get("lendingLimit"), f"{rpath}.lendingLimit")
@@ -219,12 +227,19 @@ def _weight(ctx: _Ctx, spec: Mapping[str, Any]) -> float:
 def _cluster_queue(ctx: _Ctx, spec: Mapping[str, Any], warnings: list[str]) -> ClusterQueue:
     name = ctx.obj.split(" ", 1)[1]
     cohort = ctx.string(spec.get("cohortName", spec.get("cohort")), "spec.cohortName")
-    groups = _resource_groups(ctx, spec.get("resourceGroups"), "spec.resourceGroups", warnings, cohort is not None)
+    groups = _resource_groups(
+        ctx, spec.get("resourceGroups"), "spec.resourceGroups", warnings, cohort is not None
+    )
     strategy = ctx.enum(
-        spec.get("queueingStrategy"), "spec.queueingStrategy", [s.value for s in QueueingStrategy], "BestEffortFIFO"
+        spec.get("queueingStrategy"),
+        "spec.queueingStrategy",
+        [s.value for s in QueueingStrategy],
+        "BestEffortFIFO",
     )
     if "namespaceSelector" in spec and spec["namespaceSelector"] is not None:
-        ns_selector: LabelSelector | None = _selector(ctx, spec["namespaceSelector"], "spec.namespaceSelector")
+        ns_selector: LabelSelector | None = _selector(
+            ctx, spec["namespaceSelector"], "spec.namespaceSelector"
+        )
     else:
         ns_selector = None
         warnings.append(
@@ -234,23 +249,51 @@ def _cluster_queue(ctx: _Ctx, spec: Mapping[str, Any], warnings: list[str]) -> C
     stop = ctx.enum(spec.get("stopPolicy"), "spec.stopPolicy", ("None", "Hold", "HoldAndDrain"), "None")
     ff = ctx.mapping(spec.get("flavorFungibility"), "spec.flavorFungibility")
     fungibility = FlavorFungibility(
-        FungibilityPolicy(_FUNGIBILITY[ctx.enum(ff.get("whenCanBorrow"), "spec.flavorFungibility.whenCanBorrow",
-                                                _FUNGIBILITY, "MayStopSearch")]),
-        FungibilityPolicy(_FUNGIBILITY[ctx.enum(ff.get("whenCanPreempt"), "spec.flavorFungibility.whenCanPreempt",
-                                                _FUNGIBILITY, "TryNextFlavor")]),
+        FungibilityPolicy(
+            _FUNGIBILITY[
+                ctx.enum(
+                    ff.get("whenCanBorrow"),
+                    "spec.flavorFungibility.whenCanBorrow",
+                    _FUNGIBILITY,
+                    "MayStopSearch",
+                )
+            ]
+        ),
+        FungibilityPolicy(
+            _FUNGIBILITY[
+                ctx.enum(
+                    ff.get("whenCanPreempt"),
+                    "spec.flavorFungibility.whenCanPreempt",
+                    _FUNGIBILITY,
+                    "TryNextFlavor",
+                )
+            ]
+        ),
     )
     pre = ctx.mapping(spec.get("preemption"), "spec.preemption")
-    within = ctx.enum(pre.get("withinClusterQueue"), "spec.preemption.withinClusterQueue",
-                      ("Never", "LowerPriority", "LowerOrNewerEqualPriority"), "Never")
-    reclaim = ctx.enum(pre.get("reclaimWithinCohort"), "spec.preemption.reclaimWithinCohort",
-                       ("Never", "LowerPriority", "Any"), "Never")
+    within = ctx.enum(
+        pre.get("withinClusterQueue"),
+        "spec.preemption.withinClusterQueue",
+        ("Never", "LowerPriority", "LowerOrNewerEqualPriority"),
+        "Never",
+    )
+    reclaim = ctx.enum(
+        pre.get("reclaimWithinCohort"),
+        "spec.preemption.reclaimWithinCohort",
+        ("Never", "LowerPriority", "Any"),
+        "Never",
+    )
     bwc = ctx.mapping(pre.get("borrowWithinCohort"), "spec.preemption.borrowWithinCohort")
-    bwc_policy = ctx.enum(bwc.get("policy"), "spec.preemption.borrowWithinCohort.policy",
-                          ("Never", "LowerPriority"), "Never")
-    threshold = ctx.integer(bwc.get("maxPriorityThreshold"), "spec.preemption.borrowWithinCohort.maxPriorityThreshold")
+    bwc_policy = ctx.enum(
+        bwc.get("policy"), "spec.preemption.borrowWithinCohort.policy", ("Never", "LowerPriority"), "Never"
+    )
+    threshold = ctx.integer(
+        bwc.get("maxPriorityThreshold"), "spec.preemption.borrowWithinCohort.maxPriorityThreshold"
+    )
     if bwc_policy != "Never" and reclaim == "Never":
-        raise ctx.fail("spec.preemption.borrowWithinCohort.policy",
-                       "must be Never when reclaimWithinCohort is Never")
+        raise ctx.fail(
+            "spec.preemption.borrowWithinCohort.policy", "must be Never when reclaimWithinCohort is Never"
+        )
     return ClusterQueue(
         name=name,
         resource_groups=groups,
@@ -259,7 +302,9 @@ def _cluster_queue(ctx: _Ctx, spec: Mapping[str, Any], warnings: list[str]) -> C
         namespace_selector=ns_selector,
         stop_policy=stop,
         flavor_fungibility=fungibility,
-        preemption=Preemption(PreemptionPolicy(within), PreemptionPolicy(reclaim), PreemptionPolicy(bwc_policy), threshold),
+        preemption=Preemption(
+            PreemptionPolicy(within), PreemptionPolicy(reclaim), PreemptionPolicy(bwc_policy), threshold
+        ),
         fair_weight=_weight(ctx, spec),
     )
 
@@ -278,14 +323,18 @@ def _pod_requests(ctx: _Ctx, pod_spec: Mapping[str, Any], path: str) -> tuple[tu
 
     total: dict[str, int] = {}
     for i, c in enumerate(ctx.seq(pod_spec.get("containers"), f"{path}.containers")):
-        for rname, v in container_requests(ctx.mapping(c, f"{path}.containers[{i}]"), f"{path}.containers[{i}]").items():
+        for rname, v in container_requests(
+            ctx.mapping(c, f"{path}.containers[{i}]"), f"{path}.containers[{i}]"
+        ).items():
             total[rname] = total.get(rname, 0) + v
     for i, c in enumerate(ctx.seq(pod_spec.get("initContainers"), f"{path}.initContainers")):
         cpath = f"{path}.initContainers[{i}]"
         for rname, v in container_requests(ctx.mapping(c, cpath), cpath).items():
             total[rname] = max(total.get(rname, 0), v)
     for rname, qty in ctx.mapping(pod_spec.get("overhead"), f"{path}.overhead").items():
-        total[str(rname)] = total.get(str(rname), 0) + (ctx.quantity(qty, f"{path}.overhead.{rname}", required=True) or 0)
+        total[str(rname)] = total.get(str(rname), 0) + (
+            ctx.quantity(qty, f"{path}.overhead.{rname}", required=True) or 0
+        )
     return tuple(sorted(total.items()))
 
 
@@ -328,20 +377,27 @@ def _admission(ctx: _Ctx, status: Mapping[str, Any], pod_sets: tuple[PodSet, ...
     cq = ctx.string(adm.get("clusterQueue"), "status.admission.clusterQueue", required=True) or ""
     by_name = {ps.name: ps for ps in pod_sets}
     psas = []
-    for i, praw in enumerate(ctx.seq(adm.get("podSetAssignments"), "status.admission.podSetAssignments", required=True)):
+    for i, praw in enumerate(
+        ctx.seq(adm.get("podSetAssignments"), "status.admission.podSetAssignments", required=True)
+    ):
         path = f"status.admission.podSetAssignments[{i}]"
         psa = ctx.mapping(praw, path)
         name = ctx.string(psa.get("name"), f"{path}.name") or "main"
-        flavors = tuple(sorted((str(r), str(f)) for r, f in ctx.mapping(psa.get("flavors"), f"{path}.flavors").items()))
+        flavors = tuple(
+            sorted((str(r), str(f)) for r, f in ctx.mapping(psa.get("flavors"), f"{path}.flavors").items())
+        )
         spec_ps = by_name.get(name)
         count = ctx.integer(psa.get("count"), f"{path}.count", minimum=0)
         if count is None:
             count = spec_ps.count if spec_ps else 1
         usage_raw = ctx.mapping(psa.get("resourceUsage"), f"{path}.resourceUsage")
         if usage_raw:
-            usage = tuple(sorted(
-                (str(r), ctx.quantity(q, f"{path}.resourceUsage.{r}", required=True) or 0) for r, q in usage_raw.items()
-            ))
+            usage = tuple(
+                sorted(
+                    (str(r), ctx.quantity(q, f"{path}.resourceUsage.{r}", required=True) or 0)
+                    for r, q in usage_raw.items()
+                )
+            )
         elif spec_ps is not None:
             usage = tuple((r, v * count) for r, v in spec_ps.requests)
         else:
@@ -381,7 +437,18 @@ class _Loader:
         ctx = _Ctx(source, obj)
         kueue = api.startswith(KUEUE_GROUP)
         handled = (
-            (kueue and kind in ("ResourceFlavor", "ClusterQueue", "Cohort", "LocalQueue", "WorkloadPriorityClass", "Workload"))
+            (
+                kueue
+                and kind
+                in (
+                    "ResourceFlavor",
+                    "ClusterQueue",
+                    "Cohort",
+                    "LocalQueue",
+                    "WorkloadPriorityClass",
+                    "Workload",
+                )
+            )
             or (kind == "Configuration" and api.startswith("config.kueue.x-k8s.io/"))
             or (kind == "Job" and api == "batch/v1")
             or (kind == "Namespace" and api == "v1")
@@ -403,7 +470,9 @@ class _Loader:
             self.cqs[name] = _cluster_queue(ctx, spec, self.warnings)
         elif kind == "Cohort":
             parent = ctx.string(spec.get("parentName", spec.get("parent")), "spec.parentName")
-            groups = _resource_groups(ctx, spec.get("resourceGroups"), "spec.resourceGroups", self.warnings, parent is not None)
+            groups = _resource_groups(
+                ctx, spec.get("resourceGroups"), "spec.resourceGroups", self.warnings, parent is not None
+            )
             self.cohorts[name] = Cohort(name, parent, groups, _weight(ctx, spec))
         elif kind == "LocalQueue":
             cq = ctx.string(spec.get("clusterQueue"), "spec.clusterQueue", required=True) or ""
@@ -424,23 +493,38 @@ class _Loader:
                 enabled = fs.get("enable", default_enabled)
                 if not isinstance(enabled, bool):
                     raise ctx.fail("fairSharing.enable", f"must be a boolean, got {enabled!r}")
-                strategies = tuple(
-                    FairSharingStrategy(ctx.enum(s, f"fairSharing.preemptionStrategies[{i}]",
-                                                 [x.value for x in FairSharingStrategy], ""))
-                    for i, s in enumerate(ctx.seq(fs.get("preemptionStrategies"), "fairSharing.preemptionStrategies"))
-                ) or FairSharingConfig().preemption_strategies
+                strategies = (
+                    tuple(
+                        FairSharingStrategy(
+                            ctx.enum(
+                                s,
+                                f"fairSharing.preemptionStrategies[{i}]",
+                                [x.value for x in FairSharingStrategy],
+                                "",
+                            )
+                        )
+                        for i, s in enumerate(
+                            ctx.seq(fs.get("preemptionStrategies"), "fairSharing.preemptionStrategies")
+                        )
+                    )
+                    or FairSharingConfig().preemption_strategies
+                )
                 self.config = Config(FairSharingConfig(enabled, strategies))
         else:  # Workload, Job: resolved after all priority classes are known
             self.raw_workloads.append((ctx, dict(doc)))
 
-    def _priority(self, ctx: _Ctx, explicit: Any, class_name: str | None, path: str) -> tuple[int, str | None]:
+    def _priority(
+        self, ctx: _Ctx, explicit: Any, class_name: str | None, path: str
+    ) -> tuple[int, str | None]:
         if class_name is not None:
             if class_name in self.wpcs:
                 return self.wpcs[class_name], class_name
             if class_name in self.pcs:
                 return self.pcs[class_name], class_name
             if explicit is None:
-                self.warnings.append(f"{ctx.source}: {ctx.obj}: {path}: priority class {class_name} not found; using 0")
+                self.warnings.append(
+                    f"{ctx.source}: {ctx.obj}: {path}: priority class {class_name} not found; using 0"
+                )
         return ctx.integer(explicit, "spec.priority") or 0, class_name
 
     def _workload(self, ctx: _Ctx, doc: Mapping[str, Any]) -> Workload | None:
@@ -469,19 +553,33 @@ class _Loader:
                 try:
                     min_count = int(annotations[JOB_MIN_PARALLELISM])
                 except (TypeError, ValueError):
-                    raise ctx.fail(f"metadata.annotations.{JOB_MIN_PARALLELISM}", "must be an integer") from None
+                    raise ctx.fail(
+                        f"metadata.annotations.{JOB_MIN_PARALLELISM}", "must be an integer"
+                    ) from None
                 if not 0 < min_count <= count:
                     raise ctx.fail(f"metadata.annotations.{JOB_MIN_PARALLELISM}", f"must be in 1..{count}")
             template = ctx.mapping(spec.get("template"), "spec.template")
             pod_spec = ctx.mapping(template.get("spec"), "spec.template.spec")
             pod_set = PodSet(
-                "main", count, _pod_requests(ctx, pod_spec, "spec.template.spec"), min_count,
+                "main",
+                count,
+                _pod_requests(ctx, pod_spec, "spec.template.spec"),
+                min_count,
                 _labels(ctx, pod_spec.get("nodeSelector"), "spec.template.spec.nodeSelector"),
             )
             pclass = labels.get(PRIORITY_CLASS_LABEL) or pod_spec.get("priorityClassName")
             priority, pclass = self._priority(ctx, None, pclass, "metadata.labels")
-            return Workload(namespace, str(meta["name"]), str(queue), (pod_set,), priority, pclass, created, uid,
-                            source=ctx.source)
+            return Workload(
+                namespace,
+                str(meta["name"]),
+                str(queue),
+                (pod_set,),
+                priority,
+                pclass,
+                created,
+                uid,
+                source=ctx.source,
+            )
         queue = ctx.string(spec.get("queueName"), "spec.queueName")
         raw_sets = ctx.seq(spec.get("podSets"), "spec.podSets", required=True)
         if not raw_sets:
@@ -498,11 +596,23 @@ class _Loader:
         if admission is not None and not reserved:
             admission = None
         if queue is None and admission is None:
-            self.warnings.append(f"{ctx.source}: {ctx.obj}: spec.queueName is not set; not managed by Kueue, ignored")
+            self.warnings.append(
+                f"{ctx.source}: {ctx.obj}: spec.queueName is not set; not managed by Kueue, ignored"
+            )
             return None
         return Workload(
-            namespace, str(meta["name"]), queue, pod_sets, priority, pclass, created, uid, admission,
-            reserved_at if admission is not None else None, conds.get("Evicted", (False, None))[0], ctx.source,
+            namespace,
+            str(meta["name"]),
+            queue,
+            pod_sets,
+            priority,
+            pclass,
+            created,
+            uid,
+            admission,
+            reserved_at if admission is not None else None,
+            conds.get("Evicted", (False, None))[0],
+            ctx.source,
         )
 
     def finish(self) -> Objects:
@@ -511,17 +621,19 @@ class _Loader:
             wl = self._workload(ctx, doc)
             if wl is not None:
                 workloads.append(wl)
-        for name, cq in self.cqs.items():
+        for cq in self.cqs.values():
             if cq.cohort is not None and cq.cohort not in self.cohorts:
                 self.cohorts[cq.cohort] = Cohort(cq.cohort)  # implicit cohort, as in Kueue
-        for name, cohort in list(self.cohorts.items()):
+        for cohort in list(self.cohorts.values()):
             if cohort.parent is not None and cohort.parent not in self.cohorts:
                 self.cohorts[cohort.parent] = Cohort(cohort.parent)
         for name in self.cohorts:  # cycle check
             seen, cur = set(), name
             while cur is not None:
                 if cur in seen:
-                    raise ConfigError("(all files)", f"Cohort {name}", "spec.parentName", "cohort hierarchy has a cycle")
+                    raise ConfigError(
+                        "(all files)", f"Cohort {name}", "spec.parentName", "cohort hierarchy has a cycle"
+                    )
                 seen.add(cur)
                 cur = self.cohorts[cur].parent
         return Objects(

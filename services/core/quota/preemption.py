@@ -55,7 +55,9 @@ def find_candidates(
         for cand in cq.workloads.values():
             if cand.priority > preemptor.priority:
                 continue
-            if cand.priority == preemptor.priority and not (same_prio and preemptor.queued_at < cand.created_at):
+            if cand.priority == preemptor.priority and not (
+                same_prio and preemptor.queued_at < cand.created_at
+            ):
                 continue
             if _uses(cand, frs):
                 candidates.append(cand)
@@ -204,7 +206,11 @@ def _fair_preemptions(
             allowed = strategy_allows(strategies[0], new_share, old_share, cand_new)
             if below or allowed:
                 snapshot.remove_workload(cand.key)
-                reason = PreemptionReason.IN_COHORT_FAIR_SHARING if allowed else PreemptionReason.IN_COHORT_RECLAIM_WHILE_BORROWING
+                reason = (
+                    PreemptionReason.IN_COHORT_FAIR_SHARING
+                    if allowed
+                    else PreemptionReason.IN_COHORT_RECLAIM_WHILE_BORROWING
+                )
                 targets.append((cand, reason))
                 if _fits(wl_req, cq, True):
                     fits = True

@@ -97,7 +97,9 @@ def queue_order_key(wl: Workload) -> tuple[int, float, str]:
     return (-wl.priority, wl.created_at, wl.key)
 
 
-def resolve_cluster_queue(snapshot: Snapshot, wl: Workload) -> tuple[ClusterQueueState | None, Decision | None]:
+def resolve_cluster_queue(
+    snapshot: Snapshot, wl: Workload
+) -> tuple[ClusterQueueState | None, Decision | None]:
     """The ClusterQueue a pending workload queues in, or a Pending decision saying why not."""
 
     def pending(message: str, reason: Reason = Reason.INADMISSIBLE, cq: str | None = None) -> Decision:
@@ -159,7 +161,9 @@ def _oracle(snapshot: Snapshot, preemptor: Preemptor, now: float):  # type: igno
     return simulate
 
 
-def _assign(snapshot: Snapshot, wl: Workload, cq: ClusterQueueState, now: float) -> tuple[Assignment, list[PreemptionTarget]]:
+def _assign(
+    snapshot: Snapshot, wl: Workload, cq: ClusterQueueState, now: float
+) -> tuple[Assignment, list[PreemptionTarget]]:
     """Kueue's getInitialAssignments: full assignment, its victims, else partial admission."""
     preemptor = Preemptor(wl.key, cq.name, wl.priority, wl.created_at)
     fair = snapshot.config.fair_sharing.enabled
@@ -184,7 +188,9 @@ def _assign(snapshot: Snapshot, wl: Workload, cq: ClusterQueueState, now: float)
             if amode is AssignmentMode.FIT:
                 ok = (attempt, [])
             elif amode is AssignmentMode.PREEMPT:
-                t = get_targets(snapshot, preemptor, attempt.usage, attempt.resources_requiring_preemption(), now)
+                t = get_targets(
+                    snapshot, preemptor, attempt.usage, attempt.resources_requiring_preemption(), now
+                )
                 if t:
                     ok = (attempt, t)
             if ok is not None:
@@ -205,7 +211,9 @@ def preemption_targets(snapshot: Snapshot, wl: Workload, now: float) -> Preempti
     cq, rejected = resolve_cluster_queue(snapshot, wl)
     if cq is None:
         assert rejected is not None
-        return PreemptionPlan(wl.key, rejected.cluster_queue, AssignmentMode.NO_FIT, (), None, rejected.message)
+        return PreemptionPlan(
+            wl.key, rejected.cluster_queue, AssignmentMode.NO_FIT, (), None, rejected.message
+        )
     assignment, targets = _assign(snapshot, wl, cq, now)
     return PreemptionPlan(
         wl.key, cq.name, assignment.representative_mode(), tuple(targets), assignment, assignment.message()
@@ -332,7 +340,6 @@ class _Scheduler:
         set_aside: list[str] = []
         for e in entries:
             wl, cq = e.wl, e.cq
-            strict = cq.spec.queueing_strategy is QueueingStrategy.STRICT_FIFO
             if e.assignment is None:
                 self._pending(e, e.reason, e.message)
                 set_aside.append(wl.key)
@@ -371,8 +378,15 @@ class _Scheduler:
                     temporary.append((cq.node, fr, value))
                 message = f"{e.message}. Pending the preemption of {len(e.targets)} workload(s)"
                 self.decisions[wl.key] = Decision(
-                    wl.key, WorkloadStatus.PREEMPTING, cq.name, Reason.PENDING_PREEMPTION, message,
-                    e.assignment.flavors(), e.assignment.counts(), tuple(e.targets), e.assignment.borrowing,
+                    wl.key,
+                    WorkloadStatus.PREEMPTING,
+                    cq.name,
+                    Reason.PENDING_PREEMPTION,
+                    message,
+                    e.assignment.flavors(),
+                    e.assignment.counts(),
+                    tuple(e.targets),
+                    e.assignment.borrowing,
                 )
                 issued.extend(e.targets)
                 self.preempted_for[wl.key] = self.preempted_for.get(wl.key, ()) + tuple(e.targets)
@@ -381,13 +395,24 @@ class _Scheduler:
                     self.done.add(wl.key)
                 continue
             snap.add_workload(
-                AdmittedWorkload(wl.key, cq.name, wl.priority, tuple(sorted(usage.items())), now, wl.created_at, wl.uid)
+                AdmittedWorkload(
+                    wl.key, cq.name, wl.priority, tuple(sorted(usage.items())), now, wl.created_at, wl.uid
+                )
             )
-            waited = f", wait time since queued was {int(now - wl.created_at)}s" if 0 < wl.created_at <= now else ""
+            waited = (
+                f", wait time since queued was {int(now - wl.created_at)}s"
+                if 0 < wl.created_at <= now
+                else ""
+            )
             self.decisions[wl.key] = Decision(
-                wl.key, WorkloadStatus.ADMITTED, cq.name, Reason.QUOTA_RESERVED,
+                wl.key,
+                WorkloadStatus.ADMITTED,
+                cq.name,
+                Reason.QUOTA_RESERVED,
                 f"Quota reserved in ClusterQueue {cq.name}{waited}",
-                e.assignment.flavors(), e.assignment.counts(), self.preempted_for.get(wl.key, ()),
+                e.assignment.flavors(),
+                e.assignment.counts(),
+                self.preempted_for.get(wl.key, ()),
                 e.assignment.borrowing,
             )
             self.done.add(wl.key)
@@ -438,7 +463,9 @@ def run_cycles(snapshot: Snapshot, pending: Iterable[Workload], now: float, cycl
     return sched.result(ran)
 
 
-def drain(snapshot: Snapshot, pending: Iterable[Workload], now: float, max_cycles: int | None = None) -> CycleResult:
+def drain(
+    snapshot: Snapshot, pending: Iterable[Workload], now: float, max_cycles: int | None = None
+) -> CycleResult:
     """Cycles until nothing changes: everything that fits is admitted in one pass.
 
     Preemptions are decided (status Preempting) but not carried out: victims keep their

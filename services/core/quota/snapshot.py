@@ -230,7 +230,9 @@ class Snapshot:
         return new
 
 
-def build_snapshot(objects: Objects, admitted: Iterable[Workload | AdmittedWorkload] | None = None) -> Snapshot:
+def build_snapshot(
+    objects: Objects, admitted: Iterable[Workload | AdmittedWorkload] | None = None
+) -> Snapshot:
     """Build the quota tree from Kueue objects and add admitted usage.
 
     ``admitted`` defaults to the workloads in ``objects`` that carry ``status.admission``.
@@ -257,7 +259,9 @@ def build_snapshot(objects: Objects, admitted: Iterable[Workload | AdmittedWorkl
         if spec.stop_policy != "None":
             inactive = f"ClusterQueue {name} is inactive"
         else:
-            missing = sorted({fq.flavor for rg in spec.resource_groups for fq in rg.flavors} - set(objects.flavors))
+            missing = sorted(
+                {fq.flavor for rg in spec.resource_groups for fq in rg.flavors} - set(objects.flavors)
+            )
             if missing:
                 inactive = f"ClusterQueue {name} is inactive"
         snap.cluster_queues[name] = ClusterQueueState(spec, node, inactive)

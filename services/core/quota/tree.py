@@ -37,7 +37,9 @@ class Node:
         "lendable",
     )
 
-    def __init__(self, name: str, is_cq: bool, quotas: dict[FlavorResource, ResourceQuota], fair_weight: float) -> None:
+    def __init__(
+        self, name: str, is_cq: bool, quotas: dict[FlavorResource, ResourceQuota], fair_weight: float
+    ) -> None:
         self.name = name
         self.is_cq = is_cq
         self.parent: Node | None = None

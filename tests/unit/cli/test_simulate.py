@@ -33,8 +33,14 @@ def workloads(result) -> dict:
 
 
 def test_seed_4gpu_admitted():
-    r = invoke("-f", str(SEED), "-f", str(SEED / "scenarios/admitted-12gpu.yaml"),
-               "-f", str(SEED / "scenarios/train-4gpu.yaml"))
+    r = invoke(
+        "-f",
+        str(SEED),
+        "-f",
+        str(SEED / "scenarios/admitted-12gpu.yaml"),
+        "-f",
+        str(SEED / "scenarios/train-4gpu.yaml"),
+    )
     assert r.exit_code == 0, r.output
     w = workloads(r)["ml-team/train-4gpu"]
     assert w["status"] == "Admitted"
@@ -46,12 +52,22 @@ def test_seed_4gpu_admitted():
 
 
 def test_seed_16gpu_pending_message():
-    r = invoke("-f", str(SEED), "-f", str(SEED / "scenarios/admitted-12gpu.yaml"),
-               "-f", str(SEED / "scenarios/admitted-24gpu.yaml"), "-f", str(SEED / "scenarios/train-16gpu.yaml"))
+    r = invoke(
+        "-f",
+        str(SEED),
+        "-f",
+        str(SEED / "scenarios/admitted-12gpu.yaml"),
+        "-f",
+        str(SEED / "scenarios/admitted-24gpu.yaml"),
+        "-f",
+        str(SEED / "scenarios/train-16gpu.yaml"),
+    )
     assert r.exit_code == 0, r.output
     w = workloads(r)["ml-team/train-16gpu"]
     assert w["status"] == "Pending"
-    assert w["message"].endswith("insufficient unused quota for nvidia.com/gpu in flavor a100-flavor, 8 more needed")
+    assert w["message"].endswith(
+        "insufficient unused quota for nvidia.com/gpu in flavor a100-flavor, 8 more needed"
+    )
 
 
 def test_drain_and_cycles_modes():

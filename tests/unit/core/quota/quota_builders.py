@@ -20,12 +20,21 @@ def ts(offset_s: float) -> str:
 
 
 def make_flavor(name: str, **labels: str) -> dict[str, Any]:
-    return {"apiVersion": V1B1, "kind": "ResourceFlavor", "metadata": {"name": name}, "spec": {"nodeLabels": labels}}
+    return {
+        "apiVersion": V1B1,
+        "kind": "ResourceFlavor",
+        "metadata": {"name": name},
+        "spec": {"nodeLabels": labels},
+    }
 
 
 def make_lq(name: str, cq: str, ns: str = "default") -> dict[str, Any]:
-    return {"apiVersion": V1B1, "kind": "LocalQueue", "metadata": {"name": name, "namespace": ns},
-            "spec": {"clusterQueue": cq}}
+    return {
+        "apiVersion": V1B1,
+        "kind": "LocalQueue",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"clusterQueue": cq},
+    }
 
 
 class _QuotaBuilder:
@@ -36,7 +45,9 @@ class _QuotaBuilder:
         self._groups.append([])
         return self
 
-    def resource(self, flavor: str, res: str, nominal: Any, borrowing: Any = None, lending: Any = None) -> Any:
+    def resource(
+        self, flavor: str, res: str, nominal: Any, borrowing: Any = None, lending: Any = None
+    ) -> Any:
         entry: dict[str, Any] = {"name": res, "nominalQuota": nominal}
         if borrowing is not None:
             entry["borrowingLimit"] = borrowing
@@ -66,8 +77,9 @@ class _QuotaBuilder:
                 for r in resources:
                     if r["name"] not in covered:
                         covered.append(r["name"])
-            out.append({"coveredResources": covered,
-                        "flavors": [{"name": f, "resources": rs} for f, rs in group]})
+            out.append(
+                {"coveredResources": covered, "flavors": [{"name": f, "resources": rs} for f, rs in group]}
+            )
         return out
 
 
@@ -85,8 +97,13 @@ class make_cq(_QuotaBuilder):  # noqa: N801 - reads like Kueue's MakeClusterQueu
         self._spec["queueingStrategy"] = "StrictFIFO"
         return self
 
-    def preemption(self, within: str | None = None, reclaim: str | None = None,
-                   borrow_within: str | None = None, threshold: int | None = None) -> make_cq:
+    def preemption(
+        self,
+        within: str | None = None,
+        reclaim: str | None = None,
+        borrow_within: str | None = None,
+        threshold: int | None = None,
+    ) -> make_cq:
         pre: dict[str, Any] = {}
         if within:
             pre["withinClusterQueue"] = within
@@ -162,11 +179,20 @@ class make_wl:  # noqa: N801 - reads like Kueue's MakeWorkload
         self._meta["creationTimestamp"] = ts(offset_s)
         return self
 
-    def podset(self, name: str = "main", count: int = 1, min_count: int | None = None,
-               node_selector: dict[str, str] | None = None, **requests: Any) -> make_wl:
+    def podset(
+        self,
+        name: str = "main",
+        count: int = 1,
+        min_count: int | None = None,
+        node_selector: dict[str, str] | None = None,
+        **requests: Any,
+    ) -> make_wl:
         reqs = {("nvidia.com/gpu" if k == "gpu" else k): v for k, v in requests.items()}
-        ps: dict[str, Any] = {"name": name, "count": count, "template": {"spec": {"containers": [
-            {"name": "c", "resources": {"requests": reqs}}]}}}
+        ps: dict[str, Any] = {
+            "name": name,
+            "count": count,
+            "template": {"spec": {"containers": [{"name": "c", "resources": {"requests": reqs}}]}},
+        }
         if min_count is not None:
             ps["minCount"] = min_count
         if node_selector:
@@ -190,8 +216,12 @@ class make_wl:  # noqa: N801 - reads like Kueue's MakeWorkload
         return self
 
     def obj(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"apiVersion": V1B1, "kind": "Workload", "metadata": dict(self._meta),
-                               "spec": copy.deepcopy(self._spec)}
+        doc: dict[str, Any] = {
+            "apiVersion": V1B1,
+            "kind": "Workload",
+            "metadata": dict(self._meta),
+            "spec": copy.deepcopy(self._spec),
+        }
         if self._status:
             doc["status"] = copy.deepcopy(self._status)
         return doc
@@ -204,8 +234,9 @@ def fair_sharing_config(*strategies: str) -> dict[str, Any]:
     return {"apiVersion": "config.kueue.x-k8s.io/v1beta1", "kind": "Configuration", "fairSharing": fs}
 
 
-def schedule(docs: list[dict[str, Any]], *, mode: str = "cycle", cycles: int = 1,
-             now: float = T0 + 3600) -> dict[str, Decision]:
+def schedule(
+    docs: list[dict[str, Any]], *, mode: str = "cycle", cycles: int = 1, now: float = T0 + 3600
+) -> dict[str, Decision]:
     """Load docs, build the snapshot from admitted workloads, schedule the pending ones."""
     objects = load_objects(("test.yaml", d) for d in docs)
     snap = build_snapshot(objects)

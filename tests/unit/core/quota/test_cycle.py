@@ -14,32 +14,62 @@ def lqs(*cqs):
 
 
 CASES = [
-    ("one head per ClusterQueue per cycle",
-     [make_cq("a").gpu("f", 10).obj(),
-      make_wl("w1").queue("a").gpu(1).created(1).obj(), make_wl("w2").queue("a").gpu(1).created(2).obj()],
-     {"default/w1": ("Admitted", "f"), "default/w2": ("Pending", "")}),
-    ("priority before FIFO within a queue",
-     [make_cq("a").gpu("f", 10).obj(),
-      make_wl("old").queue("a").gpu(1).created(1).obj(), make_wl("vip").queue("a").priority(5).gpu(1).created(9).obj()],
-     {"default/old": ("Pending", ""), "default/vip": ("Admitted", "f")}),
-    ("no over-admission: cohort entries not borrowing go first",
-     [make_cq("a").cohort("c").gpu("f", 5).obj(), make_cq("b").cohort("c").gpu("f", 5).obj(),
-      make_wl("borrower").queue("a").priority(100).gpu(8).created(1).obj(),
-      make_wl("nominal").queue("b").gpu(5).created(2).obj()],
-     {"default/borrower": ("Pending", ""), "default/nominal": ("Admitted", "f")}),
-    ("same borrowing level: higher priority first, the other no longer fits",
-     [make_cq("a").cohort("c").gpu("f", 5).obj(), make_cq("b").cohort("c").gpu("f", 5).obj(),
-      make_wl("low").queue("a").priority(1).gpu(6).created(1).obj(),
-      make_wl("high").queue("b").priority(9).gpu(6).created(2).obj()],
-     {"default/low": ("Pending", ""), "default/high": ("Admitted", "f")}),
-    ("same level and priority: FIFO",
-     [make_cq("a").cohort("c").gpu("f", 5).obj(), make_cq("b").cohort("c").gpu("f", 5).obj(),
-      make_wl("first").queue("a").gpu(6).created(1).obj(), make_wl("second").queue("b").gpu(6).created(2).obj()],
-     {"default/first": ("Admitted", "f"), "default/second": ("Pending", "")}),
-    ("gang: all pod sets or none",
-     [make_cq("a").gpu("f", 4).obj(),
-      make_wl("gang").queue("a").podset("driver", 1, gpu=1).podset("workers", 4, gpu=1).obj()],
-     {"default/gang": ("Pending", "")}),
+    (
+        "one head per ClusterQueue per cycle",
+        [
+            make_cq("a").gpu("f", 10).obj(),
+            make_wl("w1").queue("a").gpu(1).created(1).obj(),
+            make_wl("w2").queue("a").gpu(1).created(2).obj(),
+        ],
+        {"default/w1": ("Admitted", "f"), "default/w2": ("Pending", "")},
+    ),
+    (
+        "priority before FIFO within a queue",
+        [
+            make_cq("a").gpu("f", 10).obj(),
+            make_wl("old").queue("a").gpu(1).created(1).obj(),
+            make_wl("vip").queue("a").priority(5).gpu(1).created(9).obj(),
+        ],
+        {"default/old": ("Pending", ""), "default/vip": ("Admitted", "f")},
+    ),
+    (
+        "no over-admission: cohort entries not borrowing go first",
+        [
+            make_cq("a").cohort("c").gpu("f", 5).obj(),
+            make_cq("b").cohort("c").gpu("f", 5).obj(),
+            make_wl("borrower").queue("a").priority(100).gpu(8).created(1).obj(),
+            make_wl("nominal").queue("b").gpu(5).created(2).obj(),
+        ],
+        {"default/borrower": ("Pending", ""), "default/nominal": ("Admitted", "f")},
+    ),
+    (
+        "same borrowing level: higher priority first, the other no longer fits",
+        [
+            make_cq("a").cohort("c").gpu("f", 5).obj(),
+            make_cq("b").cohort("c").gpu("f", 5).obj(),
+            make_wl("low").queue("a").priority(1).gpu(6).created(1).obj(),
+            make_wl("high").queue("b").priority(9).gpu(6).created(2).obj(),
+        ],
+        {"default/low": ("Pending", ""), "default/high": ("Admitted", "f")},
+    ),
+    (
+        "same level and priority: FIFO",
+        [
+            make_cq("a").cohort("c").gpu("f", 5).obj(),
+            make_cq("b").cohort("c").gpu("f", 5).obj(),
+            make_wl("first").queue("a").gpu(6).created(1).obj(),
+            make_wl("second").queue("b").gpu(6).created(2).obj(),
+        ],
+        {"default/first": ("Admitted", "f"), "default/second": ("Pending", "")},
+    ),
+    (
+        "gang: all pod sets or none",
+        [
+            make_cq("a").gpu("f", 4).obj(),
+            make_wl("gang").queue("a").podset("driver", 1, gpu=1).podset("workers", 4, gpu=1).obj(),
+        ],
+        {"default/gang": ("Pending", "")},
+    ),
 ]
 
 
@@ -50,8 +80,14 @@ def test_cycle(name, docs, want):
 
 
 def test_no_longer_fits_message_and_reason():
-    docs = [F, *lqs("a", "b"), make_cq("a").cohort("c").gpu("f", 5).obj(), make_cq("b").cohort("c").gpu("f", 5).obj(),
-            make_wl("low").queue("a").priority(1).gpu(6).obj(), make_wl("high").queue("b").priority(9).gpu(6).obj()]
+    docs = [
+        F,
+        *lqs("a", "b"),
+        make_cq("a").cohort("c").gpu("f", 5).obj(),
+        make_cq("b").cohort("c").gpu("f", 5).obj(),
+        make_wl("low").queue("a").priority(1).gpu(6).obj(),
+        make_wl("high").queue("b").priority(9).gpu(6).obj(),
+    ]
     d = schedule(docs)["default/low"]
     assert d.reason is Reason.FAILED_AFTER_NOMINATION
     assert d.message == "Workload no longer fits after processing another workload"
@@ -61,9 +97,13 @@ def strict_vs_best_effort(strict):
     cq = make_cq("a").gpu("f", 4)
     if strict:
         cq = cq.strict_fifo()
-    return [F, *lqs("a"), cq.obj(),
-            make_wl("big").queue("a").priority(5).gpu(8).created(1).obj(),  # can never fit
-            make_wl("small").queue("a").gpu(2).created(2).obj()]
+    return [
+        F,
+        *lqs("a"),
+        cq.obj(),
+        make_wl("big").queue("a").priority(5).gpu(8).created(1).obj(),  # can never fit
+        make_wl("small").queue("a").gpu(2).created(2).obj(),
+    ]
 
 
 def test_best_effort_fifo_lets_the_next_workload_through():
@@ -80,7 +120,12 @@ def test_strict_fifo_head_blocks_the_queue():
 
 
 def test_drain_admits_everything_that_fits():
-    docs = [F, *lqs("a", "b"), make_cq("a").cohort("c").gpu("f", 4).obj(), make_cq("b").cohort("c").gpu("f", 4).obj()]
+    docs = [
+        F,
+        *lqs("a", "b"),
+        make_cq("a").cohort("c").gpu("f", 4).obj(),
+        make_cq("b").cohort("c").gpu("f", 4).obj(),
+    ]
     docs += [make_wl(f"w{i}").queue("a" if i % 2 else "b").gpu(1).created(i).obj() for i in range(10)]
     got = schedule(docs, mode="drain")
     admitted = [k for k, d in got.items() if d.status is WorkloadStatus.ADMITTED]
@@ -99,8 +144,12 @@ def test_drain_admits_everything_that_fits():
     ],
 )
 def test_partial_admission(quota, count, min_count, want_status, want_count):
-    docs = [F, *lqs("a"), make_cq("a").gpu("f", quota).obj(),
-            make_wl("w").queue("a").podset("main", count, min_count=min_count, gpu=1).obj()]
+    docs = [
+        F,
+        *lqs("a"),
+        make_cq("a").gpu("f", quota).obj(),
+        make_wl("w").queue("a").podset("main", count, min_count=min_count, gpu=1).obj(),
+    ]
     d = schedule(docs)["default/w"]
     assert d.status == want_status
     if want_count is not None:
@@ -108,11 +157,20 @@ def test_partial_admission(quota, count, min_count, want_status, want_count):
 
 
 def test_admission_problems_named():
-    docs = [F, make_lq("a", "a"), make_lq("stopped", "stopped"), make_lq("sel", "sel"), make_lq("ghost", "nope"),
-            make_cq("a").gpu("f", 4).obj(), make_cq("stopped").gpu("f", 4).spec(stopPolicy="Hold").obj(),
-            make_cq("sel").gpu("f", 4).spec(namespaceSelector={"matchLabels": {"team": "x"}}).obj(),
-            make_wl("no-lq").queue("missing").gpu(1).obj(), make_wl("no-cq").queue("ghost").gpu(1).obj(),
-            make_wl("held").queue("stopped").gpu(1).obj(), make_wl("ns").queue("sel").gpu(1).obj()]
+    docs = [
+        F,
+        make_lq("a", "a"),
+        make_lq("stopped", "stopped"),
+        make_lq("sel", "sel"),
+        make_lq("ghost", "nope"),
+        make_cq("a").gpu("f", 4).obj(),
+        make_cq("stopped").gpu("f", 4).spec(stopPolicy="Hold").obj(),
+        make_cq("sel").gpu("f", 4).spec(namespaceSelector={"matchLabels": {"team": "x"}}).obj(),
+        make_wl("no-lq").queue("missing").gpu(1).obj(),
+        make_wl("no-cq").queue("ghost").gpu(1).obj(),
+        make_wl("held").queue("stopped").gpu(1).obj(),
+        make_wl("ns").queue("sel").gpu(1).obj(),
+    ]
     got = schedule(docs)
     assert got["default/no-lq"].message == "LocalQueue missing doesn't exist"
     assert got["default/no-cq"].message == "ClusterQueue nope doesn't exist"
@@ -126,8 +184,9 @@ def test_schedule_does_not_mutate_the_snapshot():
 
     from services.core.quota import build_snapshot, load_objects, schedule_cycle
 
-    objects = load_objects(("t", d) for d in [F, *lqs("a"), make_cq("a").gpu("f", 4).obj(),
-                                              make_wl("w").queue("a").gpu(2).obj()])
+    objects = load_objects(
+        ("t", d) for d in [F, *lqs("a"), make_cq("a").gpu("f", 4).obj(), make_wl("w").queue("a").gpu(2).obj()]
+    )
     snap = build_snapshot(objects)
     result = schedule_cycle(snap, objects.workloads, T0)
     assert snap.usage() == {"a": {}}

@@ -38,12 +38,19 @@ def test_dominant_resource_share(weights, usage, want):
 
 def test_fair_sharing_orders_admission_by_share():
     """Both heads borrow; the queue with the lower share after admission goes first."""
-    docs = [F, fair_sharing_config(), make_lq("a", "a"), make_lq("b", "b"), make_lq("lender", "lender"),
-            make_cq("a").cohort("c").gpu("f", 2).obj(), make_cq("b").cohort("c").gpu("f", 2).obj(),
-            make_cq("lender").cohort("c").gpu("f", 4).obj(),
-            running("a-run", "a", 4),  # a already borrows 2
-            make_wl("wa").queue("a").priority(100).gpu(2).created(1).obj(),
-            make_wl("wb").queue("b").priority(0).gpu(4).created(2).obj()]
+    docs = [
+        F,
+        fair_sharing_config(),
+        make_lq("a", "a"),
+        make_lq("b", "b"),
+        make_lq("lender", "lender"),
+        make_cq("a").cohort("c").gpu("f", 2).obj(),
+        make_cq("b").cohort("c").gpu("f", 2).obj(),
+        make_cq("lender").cohort("c").gpu("f", 4).obj(),
+        running("a-run", "a", 4),  # a already borrows 2
+        make_wl("wa").queue("a").priority(100).gpu(2).created(1).obj(),
+        make_wl("wb").queue("b").priority(0).gpu(4).created(2).obj(),
+    ]
     got = summary(schedule(docs))
     assert got["default/wb"][0] == "Admitted"
     assert got["default/wa"][0] == "Pending"
@@ -61,21 +68,34 @@ def test_fair_sharing_orders_admission_by_share():
     ],
 )
 def test_fair_preemption_takes_from_the_highest_share(strategies, want):
-    docs = [F, fair_sharing_config(*strategies), make_lq("a", "a"), make_lq("b", "b"),
-            make_cq("a").cohort("c").gpu("f", 4).preemption(reclaim="Any").obj(),
-            make_cq("b").cohort("c").gpu("f", 4).obj(),
-            running("b-1", "b", 4, at=1), running("b-2", "b", 4, at=2),
-            make_wl("new").queue("a").gpu(4).obj()]
+    docs = [
+        F,
+        fair_sharing_config(*strategies),
+        make_lq("a", "a"),
+        make_lq("b", "b"),
+        make_cq("a").cohort("c").gpu("f", 4).preemption(reclaim="Any").obj(),
+        make_cq("b").cohort("c").gpu("f", 4).obj(),
+        running("b-1", "b", 4, at=1),
+        running("b-2", "b", 4, at=2),
+        make_wl("new").queue("a").gpu(4).obj(),
+    ]
     assert summary(schedule(docs))["default/new"] == want
 
 
 def test_fair_preemption_spares_queue_that_would_drop_below_preemptor():
     """a borrowing 1 already would, after admission, have a higher share than b after losing
     its workload: LessThanOrEqualToFinalShare refuses, LessThanInitialShare too."""
-    docs = [F, fair_sharing_config("LessThanOrEqualToFinalShare"), make_lq("a", "a"), make_lq("b", "b"),
-            make_cq("a").cohort("c").gpu("f", 4).preemption(reclaim="Any").obj(),
-            make_cq("b").cohort("c").gpu("f", 4).obj(),
-            running("a-1", "a", 4), running("b-1", "b", 3, at=1), running("b-2", "b", 1, at=2),
-            make_wl("new").queue("a").gpu(1).obj()]
+    docs = [
+        F,
+        fair_sharing_config("LessThanOrEqualToFinalShare"),
+        make_lq("a", "a"),
+        make_lq("b", "b"),
+        make_cq("a").cohort("c").gpu("f", 4).preemption(reclaim="Any").obj(),
+        make_cq("b").cohort("c").gpu("f", 4).obj(),
+        running("a-1", "a", 4),
+        running("b-1", "b", 3, at=1),
+        running("b-2", "b", 1, at=2),
+        make_wl("new").queue("a").gpu(1).obj(),
+    ]
     got = summary(schedule(docs))
     assert got["default/new"][0] == "Pending"

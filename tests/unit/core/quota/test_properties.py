@@ -66,14 +66,16 @@ def test_quota_invariants_hold(scenario):
     result = run(docs, mode)
     snap = result.snapshot
     total_lendable = {}
-    for (name, f), (nominal, _, lending) in limits.items():
+    for (_name, f), (nominal, _, lending) in limits.items():
         total_lendable[f] = total_lendable.get(f, 0) + (nominal if lending is None else lending)
-    for (name, f), (nominal, borrowing, lending) in limits.items():
+    for (name, f), (nominal, borrowing, _lending) in limits.items():
         used = snap.cluster_queues[name].node.usage.get((f, "nvidia.com/gpu"), 0)
         if borrowing is not None:
             assert used <= (nominal + borrowing) * 1000, (name, f, used)
         # what others can use of this queue's quota is bounded by its lendingLimit:
-        others_cap = sum((n if ll is None else ll) for (m, g), (n, _, ll) in limits.items() if g == f and m != name)
+        others_cap = sum(
+            (n if ll is None else ll) for (m, g), (n, _, ll) in limits.items() if g == f and m != name
+        )
         assert used <= (nominal + others_cap) * 1000
     for f in FLAVORS:
         cohort = snap.cohorts["c"]
@@ -99,4 +101,6 @@ def test_identical_inputs_identical_decisions(scenario):
     assert first.snapshot.usage() == second.snapshot.usage()
     # and the input order of pending workloads does not change the decisions
     third = run(list(reversed(docs)), mode)
-    assert sorted(first.decisions, key=lambda d: d.workload) == sorted(third.decisions, key=lambda d: d.workload)
+    assert sorted(first.decisions, key=lambda d: d.workload) == sorted(
+        third.decisions, key=lambda d: d.workload
+    )

@@ -1,6 +1,12 @@
 import pytest
 
-from services.core.quantity import UNLIMITED, QuantityError, format_milli, milli_to_units, parse_quantity_milli
+from services.core.quantity import (
+    UNLIMITED,
+    QuantityError,
+    format_milli,
+    milli_to_units,
+    parse_quantity_milli,
+)
 
 
 @pytest.mark.parametrize(

@@ -20,37 +20,110 @@ def used(cq, n, name):
 @pytest.mark.parametrize(
     ("name", "docs", "cq", "want_available", "want_potential"),
     [
-        ("no cohort: nominal only, limits ignored",
-         [make_cq("a").gpu("f", 10, borrowing=5, lending=2).obj(), used("a", 4, "w1")], "a", 6, 10),
-        ("borrows whole cohort without borrowingLimit",
-         [make_cq("a").gpu("f", 10).cohort("c").obj(), make_cq("b").gpu("f", 10).cohort("c").obj()], "a", 20, 20),
-        ("borrowingLimit caps borrowing",
-         [make_cq("a").gpu("f", 10, borrowing=3).cohort("c").obj(), make_cq("b").gpu("f", 10).cohort("c").obj()],
-         "a", 13, 13),
-        ("lendingLimit caps lending",
-         [make_cq("a").gpu("f", 10).cohort("c").obj(), make_cq("b").gpu("f", 10, lending=4).cohort("c").obj()],
-         "a", 14, 14),
-        ("lender's usage comes out of its local quota first",
-         [make_cq("a").gpu("f", 10).cohort("c").obj(), make_cq("b").gpu("f", 10, lending=4).cohort("c").obj(),
-          used("b", 6, "w1")], "a", 14, 14),
-        ("lender's usage past local quota reduces what others can borrow",
-         [make_cq("a").gpu("f", 10).cohort("c").obj(), make_cq("b").gpu("f", 10, lending=4).cohort("c").obj(),
-          used("b", 8, "w1")], "a", 12, 14),
-        ("borrower at its limit has nothing available",
-         [make_cq("a").gpu("f", 10, borrowing=2).cohort("c").obj(), make_cq("b").gpu("f", 10).cohort("c").obj(),
-          used("a", 12, "w1")], "a", 0, 12),
-        ("hierarchical: cohort quota and parent",
-         [make_cohort("root").gpu("f", 5).obj(), make_cohort("left").parent("root").obj(),
-          make_cq("a").gpu("f", 10).cohort("left").obj(), make_cq("b").gpu("f", 10).cohort("root").obj(),
-          used("b", 12, "w1")], "a", 13, 25),
-        ("hierarchical: cohort lendingLimit keeps quota in the subtree",
-         [make_cohort("root").obj(), make_cohort("left").parent("root").gpu("f", 6, lending=1).obj(),
-          make_cq("a").gpu("f", 0).cohort("left").obj(), make_cq("b").gpu("f", 10).cohort("root").obj()],
-         "b", 11, 11),
-        ("hierarchical: cohort borrowingLimit",
-         [make_cohort("root").obj(), make_cohort("left").parent("root").gpu("f", 0, borrowing=3).obj(),
-          make_cq("a").gpu("f", 2).cohort("left").obj(), make_cq("b").gpu("f", 10).cohort("root").obj()],
-         "a", 5, 5),
+        (
+            "no cohort: nominal only, limits ignored",
+            [make_cq("a").gpu("f", 10, borrowing=5, lending=2).obj(), used("a", 4, "w1")],
+            "a",
+            6,
+            10,
+        ),
+        (
+            "borrows whole cohort without borrowingLimit",
+            [make_cq("a").gpu("f", 10).cohort("c").obj(), make_cq("b").gpu("f", 10).cohort("c").obj()],
+            "a",
+            20,
+            20,
+        ),
+        (
+            "borrowingLimit caps borrowing",
+            [
+                make_cq("a").gpu("f", 10, borrowing=3).cohort("c").obj(),
+                make_cq("b").gpu("f", 10).cohort("c").obj(),
+            ],
+            "a",
+            13,
+            13,
+        ),
+        (
+            "lendingLimit caps lending",
+            [
+                make_cq("a").gpu("f", 10).cohort("c").obj(),
+                make_cq("b").gpu("f", 10, lending=4).cohort("c").obj(),
+            ],
+            "a",
+            14,
+            14,
+        ),
+        (
+            "lender's usage comes out of its local quota first",
+            [
+                make_cq("a").gpu("f", 10).cohort("c").obj(),
+                make_cq("b").gpu("f", 10, lending=4).cohort("c").obj(),
+                used("b", 6, "w1"),
+            ],
+            "a",
+            14,
+            14,
+        ),
+        (
+            "lender's usage past local quota reduces what others can borrow",
+            [
+                make_cq("a").gpu("f", 10).cohort("c").obj(),
+                make_cq("b").gpu("f", 10, lending=4).cohort("c").obj(),
+                used("b", 8, "w1"),
+            ],
+            "a",
+            12,
+            14,
+        ),
+        (
+            "borrower at its limit has nothing available",
+            [
+                make_cq("a").gpu("f", 10, borrowing=2).cohort("c").obj(),
+                make_cq("b").gpu("f", 10).cohort("c").obj(),
+                used("a", 12, "w1"),
+            ],
+            "a",
+            0,
+            12,
+        ),
+        (
+            "hierarchical: cohort quota and parent",
+            [
+                make_cohort("root").gpu("f", 5).obj(),
+                make_cohort("left").parent("root").obj(),
+                make_cq("a").gpu("f", 10).cohort("left").obj(),
+                make_cq("b").gpu("f", 10).cohort("root").obj(),
+                used("b", 12, "w1"),
+            ],
+            "a",
+            13,
+            25,
+        ),
+        (
+            "hierarchical: cohort lendingLimit keeps quota in the subtree",
+            [
+                make_cohort("root").obj(),
+                make_cohort("left").parent("root").gpu("f", 6, lending=1).obj(),
+                make_cq("a").gpu("f", 0).cohort("left").obj(),
+                make_cq("b").gpu("f", 10).cohort("root").obj(),
+            ],
+            "b",
+            11,
+            11,
+        ),
+        (
+            "hierarchical: cohort borrowingLimit",
+            [
+                make_cohort("root").obj(),
+                make_cohort("left").parent("root").gpu("f", 0, borrowing=3).obj(),
+                make_cq("a").gpu("f", 2).cohort("left").obj(),
+                make_cq("b").gpu("f", 10).cohort("root").obj(),
+            ],
+            "a",
+            5,
+            5,
+        ),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
@@ -62,9 +135,14 @@ def test_available_and_potential(name, docs, cq, want_available, want_potential)
 
 
 def test_usage_bubbles_up_and_removal_restores():
-    s = snap(make_flavor("f"), make_lq("lq", "a"),
-             make_cq("a").gpu("f", 10, lending=4).cohort("c").obj(), make_cq("b").gpu("f", 10).cohort("c").obj(),
-             used("a", 9, "w1"), used("a", 5, "w2"))
+    s = snap(
+        make_flavor("f"),
+        make_lq("lq", "a"),
+        make_cq("a").gpu("f", 10, lending=4).cohort("c").obj(),
+        make_cq("b").gpu("f", 10).cohort("c").obj(),
+        used("a", 9, "w1"),
+        used("a", 5, "w2"),
+    )
     cohort = s.cohorts["c"]
     # a keeps 6 local; 14 used → 8 counted in the cohort
     assert s.cluster_queues["a"].node.usage[FR] == 14_000
@@ -79,9 +157,13 @@ def test_usage_bubbles_up_and_removal_restores():
 
 
 def test_copy_is_independent():
-    s = snap(make_flavor("f"), make_lq("lq", "a"),
-             make_cq("a").gpu("f", 10).cohort("c").obj(), make_cq("b").gpu("f", 10).cohort("c").obj(),
-             used("a", 4, "w1"))
+    s = snap(
+        make_flavor("f"),
+        make_lq("lq", "a"),
+        make_cq("a").gpu("f", 10).cohort("c").obj(),
+        make_cq("b").gpu("f", 10).cohort("c").obj(),
+        used("a", 4, "w1"),
+    )
     c = s.copy()
     c.remove_workload("default/w1")
     assert s.cluster_queues["a"].node.usage[FR] == 4000
