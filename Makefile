@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 KAFKA := deploy/kafka/kafka.sh
 
-.PHONY: help install up down topics demo test test-unit test-integration lint bench bench-core bench-webhook clean
+.PHONY: help install up down topics demo test test-unit test-k8s testcluster lint bench bench-core bench-webhook clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -37,6 +37,12 @@ test: up ## unit, contract and integration tests (starts the broker if needed)
 
 test-unit: install ## tests that need no broker
 	$(PY) -m pytest -q tests/unit tests/contract
+
+testcluster: ## build the Kubernetes test cluster binaries (once, ~5 min; cached in ~/.cache/quartermaster)
+	bash deploy/testcluster/build.sh
+
+test-k8s: install testcluster ## the watcher's tests against a real kube-apiserver (starts its own cluster)
+	QM_REQUIRE_K8S=1 $(PY) -m pytest -q tests/k8s
 
 lint: install ## ruff
 	$(VENV)/bin/ruff check services tests bench

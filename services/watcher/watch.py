@@ -1,0 +1,437 @@
+"""List-then-watch loops: the watcher's Kubernetes input side.
+
+For each resource (Namespaces, Nodes, batch/v1 Jobs, Pods; Kueue Workloads/ResourceFlavors and
+Volcano Jobs when their CRDs are served):
+
+* list (paginated) at a consistent resourceVersion, then watch from it with bookmarks;
+* remember the last resourceVersion and what was emitted per object (``WatcherState``), saved
+  through a ``StateStore`` so a restarted watcher resumes where it stopped;
+* on 410 Gone (compacted etcd, stale resourceVersion, expired continue token) re-list and emit
+  only what changed against the remembered state, plus deletions of objects that vanished;
+* on dropped connections, timeouts, 429/5xx: reconnect with exponential backoff and jitter.
+
+Normalization is pure (normalize.py); events go to an async ``sink(topic, key, event)``.
+Delivery is at-least-once: an event is emitted before the state that records it is saved, so a
+crash in between re-emits it on restart with the same deterministic id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import aiohttp
+import orjson
+
+from . import normalize
+from .kube import Gone, Kube, KubeError, resource_path, sleep_backoff
+from .normalize import Flavor
+
+log = logging.getLogger("quartermaster.watcher")
+
+Sink = Callable[[str, str, dict[str, Any]], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Resource:
+    plural: str
+    group: str = ""
+    version: str = "v1"
+    optional: bool = False  # a CRD: watched only when the API server serves it
+
+    @property
+    def key(self) -> str:
+        return f"{self.group or 'core'}/{self.version}/{self.plural}"
+
+    @property
+    def path(self) -> str:
+        return resource_path(self.group, self.version, self.plural)
+
+
+CORE_RESOURCES: tuple[Resource, ...] = (
+    Resource("namespaces"),
+    Resource("nodes"),
+    Resource("jobs", "batch"),
+    Resource("pods"),
+)
+OPTIONAL_RESOURCES: tuple[Resource, ...] = (
+    Resource("resourceflavors", "kueue.x-k8s.io", "v1beta1", optional=True),
+    Resource("workloads", "kueue.x-k8s.io", "v1beta1", optional=True),
+    Resource("jobs", "batch.volcano.sh", "v1alpha1", optional=True),
+)
+
+# What the state keeps of an object, to report its deletion after a re-list found it gone.
+_SLIM_KEYS = {"pods", "nodes", "namespaces"}
+
+
+def _slim(plural: str, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+    if plural not in _SLIM_KEYS:
+        return None
+    meta = obj.get("metadata") or {}
+    slim: dict[str, Any] = {"metadata": {k: meta[k] for k in
+                                         ("uid", "name", "namespace", "resourceVersion", "labels",
+                                          "ownerReferences", "creationTimestamp") if k in meta}}
+    if plural == "pods":
+        spec = obj.get("spec") or {}
+        slim["spec"] = {"nodeName": spec.get("nodeName"),
+                        "containers": [{"name": c.get("name"), "resources": c.get("resources") or {}}
+                                       for c in spec.get("containers") or []]}
+        status = obj.get("status") or {}
+        slim["status"] = {"phase": status.get("phase"), "startTime": status.get("startTime"),
+                          "containerStatuses": status.get("containerStatuses") or []}
+    elif plural == "nodes":
+        slim["spec"] = {"unschedulable": (obj.get("spec") or {}).get("unschedulable", False)}
+        st = obj.get("status") or {}
+        slim["status"] = {"capacity": st.get("capacity") or {}, "allocatable": st.get("allocatable") or {}}
+    return slim
+
+
+def _digest(fact: tuple[Any, ...]) -> str:
+    return hashlib.sha256(orjson.dumps(fact, option=orjson.OPT_NON_STR_KEYS)).hexdigest()[:16]
+
+
+@dataclass
+class WatcherState:
+    """What the watcher owns: per resource, the last resourceVersion seen and, per object uid,
+    the digest of each fact last emitted (and a slim copy of objects whose deletion matters)."""
+
+    resource_versions: dict[str, str] = field(default_factory=dict)
+    objects: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({"resource_versions": self.resource_versions, "objects": self.objects})
+
+    @classmethod
+    def from_json(cls, data: bytes) -> WatcherState:
+        d = orjson.loads(data)
+        return cls(resource_versions=dict(d.get("resource_versions") or {}),
+                   objects={k: dict(v) for k, v in (d.get("objects") or {}).items()})
+
+
+class StateStore(Protocol):
+    async def load(self) -> WatcherState: ...
+    async def save(self, state: WatcherState) -> None: ...
+
+
+class MemoryStateStore:
+    """Keeps the state in memory (a restart in the same process resumes; a new process doesn't)."""
+
+    def __init__(self) -> None:
+        self._data: bytes | None = None
+
+    async def load(self) -> WatcherState:
+        return WatcherState.from_json(self._data) if self._data else WatcherState()
+
+    async def save(self, state: WatcherState) -> None:
+        self._data = state.to_json()
+
+
+class FileStateStore:
+    """JSON file, replaced atomically (write to a temp file, fsync, rename)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    async def load(self) -> WatcherState:
+        try:
+            with open(self.path, "rb") as f:
+                return WatcherState.from_json(f.read())
+        except FileNotFoundError:
+            return WatcherState()
+
+    async def save(self, state: WatcherState) -> None:
+        data = state.to_json()
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+
+@dataclass
+class WatchStats:
+    lists: int = 0
+    relists_after_gone: int = 0
+    watches: int = 0
+    reconnects: int = 0
+    bookmarks: int = 0
+    emitted: int = 0
+    suppressed: int = 0
+    gone: dict[str, int] = field(default_factory=dict)  # 410s per resource key
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Watcher:
+    """Runs one list+watch loop per resource and emits normalized observations to ``sink``."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        sink: Sink,
+        store: StateStore | None = None,
+        *,
+        flavors: Mapping[str, Flavor] | None = None,
+        resources: tuple[Resource, ...] = CORE_RESOURCES + OPTIONAL_RESOURCES,
+        watch_timeout_s: int = 240,
+        page_size: int = 500,
+        clock: Callable[[], str] = _now_iso,
+    ) -> None:
+        self.kube = kube
+        self.sink = sink
+        self.store = store or MemoryStateStore()
+        self.static_flavors = dict(flavors or {})
+        self.cluster_flavors: dict[str, Flavor] = {}
+        self.resources = resources
+        self.watch_timeout_s = watch_timeout_s
+        self.page_size = page_size
+        self.clock = clock
+        self.state = WatcherState()
+        self.stats = WatchStats()
+        self._synced: dict[str, asyncio.Event] = {r.key: asyncio.Event() for r in resources}
+        self._lock = asyncio.Lock()  # one object handled at a time: emission order == handling order
+        self._tasks: list[asyncio.Task[None]] = []
+        self._dirty = asyncio.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self.state = await self.store.load()
+        for res in self.resources:
+            self._tasks.append(asyncio.create_task(self._run(res), name=f"watch {res.key}"))
+        self._tasks.append(asyncio.create_task(self._saver(), name="watcher state saver"))
+
+    async def wait_synced(self, timeout_s: float = 60.0) -> None:
+        """Until every resource has been listed once; raises if a loop died or on timeout."""
+        synced = asyncio.ensure_future(asyncio.gather(*(e.wait() for e in self._synced.values())))
+        pending = {synced, *self._tasks}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        try:
+            while synced not in (done := {t for t in pending if t.done()}):
+                for t in done:
+                    if not t.cancelled() and t.exception() is not None:
+                        raise t.exception()  # type: ignore[misc]
+                pending -= done
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise TimeoutError(f"watcher not synced after {timeout_s}s: "
+                                       f"{[k for k, e in self._synced.items() if not e.is_set()]}")
+                await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not synced.done():
+                synced.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await synced
+
+    async def run_forever(self) -> None:
+        """For the service's main: start, then fail loudly if any loop dies."""
+        await self.start()
+        try:
+            await asyncio.gather(*self._tasks)
+        finally:
+            await self.stop()
+
+    async def stop(self) -> None:
+        """Cancel the loops and save the state (a clean stop)."""
+        await self.kill()
+        await self.store.save(self.state)
+
+    async def kill(self) -> None:
+        """Cancel the loops without saving: what a crash leaves behind (the last periodic save)."""
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks.clear()
+
+    async def _saver(self) -> None:
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            await self.store.save(self.state)
+            await asyncio.sleep(0.2)
+
+    # ------------------------------------------------------------------ loops
+
+    @property
+    def flavors(self) -> dict[str, Flavor]:
+        return {**self.cluster_flavors, **self.static_flavors}
+
+    async def _run(self, res: Resource) -> None:
+        attempt = 0
+        if res.optional:
+            while True:
+                try:
+                    if await self.kube.serves(res.group, res.version, res.plural):
+                        break
+                    log.info("resource not served, not watching", extra={"resource": res.key})
+                    self._synced[res.key].set()
+                    return
+                except (TimeoutError, KubeError, OSError) as e:
+                    log.warning("discovery failed: %s", e)
+                    await sleep_backoff(attempt)
+                    attempt += 1
+        attempt = 0
+        while True:
+            try:
+                rv = self.state.resource_versions.get(res.key)
+                if rv is None:
+                    rv = await self._relist(res)
+                self._synced[res.key].set()
+                await self._watch(res, rv)
+                attempt = 0  # the server closed a healthy stream at its timeout
+            except Gone as e:
+                log.info("410 Gone, re-listing", extra={"resource": res.key, "reason": e.message})
+                self.stats.relists_after_gone += 1
+                self.stats.gone[res.key] = self.stats.gone.get(res.key, 0) + 1
+                self.state.resource_versions.pop(res.key, None)
+            except KubeError as e:
+                if e.status in (401, 403):
+                    log.error("not allowed to watch %s: %s", res.key, e.message)
+                elif e.status == 404 and res.optional:
+                    log.info("resource no longer served: %s", res.key)
+                    return
+                self.stats.reconnects += 1
+                await sleep_backoff(attempt)
+                attempt += 1
+            except (TimeoutError, OSError, ValueError, aiohttp.ClientError) as e:
+                log.warning("watch %s dropped: %r", res.key, e)
+                self.stats.reconnects += 1
+                await sleep_backoff(attempt)
+                attempt += 1
+
+    async def _relist(self, res: Resource) -> str:
+        """List everything, emit what changed against the state, report vanished objects as
+        deleted, and return the list's resourceVersion to watch from."""
+        self.stats.lists += 1
+        seen: dict[str, dict[str, Any]] = {}
+        cont: str | None = None
+        list_rv = ""
+        while True:
+            try:
+                page = await self.kube.get(res.path, limit=self.page_size, **({"continue": cont} if cont else {}))
+            except Gone:
+                # The continue token expired mid-list: start the list over.
+                seen.clear()
+                cont = None
+                continue
+            for item in page.get("items") or []:
+                seen[item["metadata"]["uid"]] = item
+            meta = page.get("metadata") or {}
+            list_rv = meta.get("resourceVersion", list_rv)
+            cont = meta.get("continue") or None
+            if not cont:
+                break
+        kind_plural = res.plural
+        for item in seen.values():
+            await self._handle(res, "MODIFIED", item)
+        known = self.state.objects.get(res.key, {})
+        for uid in [u for u in known if u not in seen]:
+            last = known[uid].get("last")
+            if last is not None:
+                await self._handle(res, "DELETED", last)
+            else:
+                async with self._lock:
+                    known.pop(uid, None)
+        log.debug("listed %d %s at rv %s", len(seen), kind_plural, list_rv)
+        async with self._lock:
+            self.state.resource_versions[res.key] = list_rv
+            self._dirty.set()
+        return list_rv
+
+    async def _watch(self, res: Resource, rv: str) -> None:
+        self.stats.watches += 1
+        async for ev in self.kube.watch(res.path, resource_version=rv, timeout_s=self.watch_timeout_s):
+            etype = ev.get("type")
+            obj = ev.get("object") or {}
+            if etype == "ERROR":
+                code = obj.get("code")
+                if code == 410:
+                    raise Gone(410, obj.get("reason", "Expired"), obj.get("message", ""), obj)
+                raise KubeError(int(code or 0), obj.get("reason", ""), obj.get("message", ""), obj)
+            new_rv = (obj.get("metadata") or {}).get("resourceVersion")
+            if etype == "BOOKMARK":
+                self.stats.bookmarks += 1
+            else:
+                await self._handle(res, etype or "", obj)
+            if new_rv:
+                async with self._lock:
+                    self.state.resource_versions[res.key] = new_rv
+                    self._dirty.set()
+
+    # ------------------------------------------------------------------ handling
+
+    async def _handle(self, res: Resource, etype: str, obj: dict[str, Any]) -> None:
+        deleted = etype == "DELETED"
+        async with self._lock:
+            if res.plural == "resourceflavors" and res.group == "kueue.x-k8s.io":
+                await self._flavor_changed(obj, deleted)
+                return
+            uid = obj["metadata"]["uid"]
+            observations = normalize.observe(res.plural if not res.group.endswith("volcano.sh") else "vcjobs",
+                                             obj, self.flavors, deleted=deleted, observed_at=self.clock())
+            objects = self.state.objects.setdefault(res.key, {})
+            entry = objects.setdefault(uid, {"facts": {}})
+            for o in observations:
+                d = _digest(o.fact)
+                if entry["facts"].get(o.event_type) == d:
+                    self.stats.suppressed += 1
+                    continue
+                await self.sink(o.topic, o.key, o.event)
+                self.stats.emitted += 1
+                entry["facts"][o.event_type] = d
+            if deleted:
+                objects.pop(uid, None)
+            else:
+                slim = _slim(res.plural if not res.group.endswith("volcano.sh") else "", obj)
+                if slim is not None:
+                    entry["last"] = slim
+            self._dirty.set()
+
+    async def _flavor_changed(self, obj: dict[str, Any], deleted: bool) -> None:
+        name = obj["metadata"]["name"]
+        before = dict(self.cluster_flavors)
+        if deleted:
+            self.cluster_flavors.pop(name, None)
+        else:
+            self.cluster_flavors.update(normalize.flavors_from_objects([{**obj, "kind": "ResourceFlavor"}]))
+        if before == self.cluster_flavors:
+            return
+        # Node → flavor matching changed: re-evaluate every known node.
+        nodes = self.state.objects.get(Resource("nodes").key, {})
+        for entry in nodes.values():
+            last = entry.get("last")
+            if last is None:
+                continue
+            o = normalize.node_capacity(last, self.flavors, observed_at=self.clock())
+            d = _digest(o.fact)
+            if entry["facts"].get(o.event_type) != d:
+                await self.sink(o.topic, o.key, o.event)
+                self.stats.emitted += 1
+                entry["facts"][o.event_type] = d
+
+
+async def run_clock(sink: Sink, *, interval_s: float = 10.0, source: str = "watcher",
+                    now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+    """Emit clock.tick.v1 on qm.clock at every multiple of ``interval_s`` (UTC). Ticks are
+    aligned, so two watchers (or a restarted one) emit the same ids for the same instant."""
+    while True:
+        t = now()
+        epoch = t.timestamp()
+        nxt = (int(epoch // interval_s) + 1) * interval_s
+        await asyncio.sleep(max(0.0, nxt - epoch))
+        at = datetime.fromtimestamp(nxt, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        o = normalize.clock_tick(source, at)
+        await sink(o.topic, o.key, o.event)
