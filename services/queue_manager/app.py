@@ -12,13 +12,13 @@ import os
 
 from prometheus_client import Counter, Gauge
 
+from services.adapters.kueue_config import KueueConfig
 from services.adapters.runtime import Output, ServiceRuntime
 from services.adapters.settings import Settings
 from services.contracts.codec import Envelope, make_envelope
 from services.contracts.events import ClockTick, PodRunning, WorkloadFinished, WorkloadRunning
 from services.contracts.schemas import topic_specs
 from services.queue_manager import state as fold
-from services.queue_manager.config import cohort_keys, flavor_node_labels, load_config_dir, routing_key
 
 PENDING = Gauge("kueue_pending_workloads", "Pending workloads per ClusterQueue", ["cluster_queue"])
 ADMITTED_TOTAL = Counter("kueue_admitted_workloads_total", "Workloads admitted", ["cluster_queue"])
@@ -29,14 +29,15 @@ NOMINAL_QUOTA = Gauge("kueue_cluster_queue_nominal_quota", "Nominal quota", ["cl
 
 settings = Settings.from_env("queue-manager")
 runtime = ServiceRuntime(settings)
-objects = load_config_dir(os.environ.get("QM_CONFIG_DIR", "examples/seed"))
+config = KueueConfig.load(os.environ.get("QM_CONFIG_DIR", "examples/seed"))
+objects = config.objects
 context = fold.Context(
     objects=objects,
     pods_ready_timeout_s=float(os.environ.get("QM_PODS_READY_TIMEOUT_S", 300)),
     backoff_base_s=float(os.environ.get("QM_BACKOFF_BASE_S", 60)),
     backoff_max_s=float(os.environ.get("QM_BACKOFF_MAX_S", 3600)),
     max_expiries=int(os.environ.get("QM_MAX_EXPIRIES", 3)),
-    node_labels=flavor_node_labels(objects),
+    node_labels=config.node_labels(),
 )
 cohorts = runtime.table("cohorts", partitions=topic_specs()["qm.workloads"].partitions, help="queues per cohort")
 
@@ -69,13 +70,13 @@ async def on_cluster_event(envelope: Envelope, event) -> None:
     """Lifecycle facts about a workload move to the partition that owns its cohort."""
     payload = envelope.payload
     if isinstance(payload, PodRunning):
-        key = routing_key(objects, payload.namespace, payload.queue_name)
+        key = config.routing_key(payload.namespace, payload.queue_name)
         rekeyed = WorkloadRunning(
             uid=payload.workload_uid, namespace=payload.namespace, name=payload.workload_name or payload.workload_uid,
             started_at=payload.started_at,
         )
     elif isinstance(payload, WorkloadFinished):
-        key = routing_key(objects, payload.namespace, payload.queue_name, payload.cluster_queue)
+        key = config.routing_key(payload.namespace, payload.queue_name, payload.cluster_queue)
         rekeyed = payload
     else:
         return
@@ -94,7 +95,7 @@ async def on_clock_tick(envelope: Envelope, event) -> None:
         Output("qm.workloads", key, make_envelope(
             ClockTick(at=envelope.payload.at, source=envelope.payload.source), producer=fold.PRODUCER,
             occurred_at=envelope.occurred_at, identity=(envelope.event_id, key), cause=envelope))
-        for key in cohort_keys(objects)
+        for key in config.cohort_keys()
     ]
     await runtime.publish(outputs)
 

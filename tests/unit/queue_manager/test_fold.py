@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from services.adapters.kueue_config import KueueConfig
 from services.contracts.codec import make_envelope
 from services.contracts.events import ClockTick, WorkloadFinished, WorkloadRunning, WorkloadValidated
-from services.queue_manager.config import flavor_node_labels, load_config_dir
 from services.queue_manager.state import Context, apply
 
 SEED = Path(__file__).resolve().parents[3] / "examples" / "seed"
-OBJECTS = load_config_dir(SEED)
-CTX = Context(objects=OBJECTS, pods_ready_timeout_s=300, node_labels=flavor_node_labels(OBJECTS))
+CONFIG = KueueConfig.load(SEED)
+CTX = Context(objects=CONFIG.objects, pods_ready_timeout_s=300, node_labels=CONFIG.node_labels())
 
 
 def validated(name: str, gpus: int, at: str = "2026-11-29T10:00:00Z", priority: int = 0):

@@ -1,0 +1,3 @@
+from services.admission.app import runtime
+
+runtime.main()

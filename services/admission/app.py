@@ -1,0 +1,109 @@
+"""The admission service: policy as code on the bus, and the Kubernetes webhook.
+
+    qm.cluster (workload.submitted.v1) -> evaluate policies against the live replica ->
+        qm.workloads: workload.validated.v1 keyed by cohort (for the queue-manager), or
+                      workload.rejected.v1 with every violated rule, or
+                      workload.pending.v1 (Inadmissible) when the LocalQueue does not exist.
+    QM_WEBHOOK_PORT set -> the same evaluator also serves /validate and /mutate (HTTPS when
+    QM_WEBHOOK_CERT and QM_WEBHOOK_KEY are given).
+Policies load from QM_POLICY_DIR; `kill -HUP` reloads them, keeping the last good set on error.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from prometheus_client import Counter
+
+from services.adapters.kueue_config import KueueConfig
+from services.adapters.runtime import Output, ServiceRuntime
+from services.adapters.settings import Settings
+from services.admission import translate
+from services.admission.replica import LiveReplica
+from services.contracts.codec import Envelope, make_envelope
+from services.contracts.events import WorkloadSubmitted
+from services.policy import EnforcementPoint, evaluate
+from services.policy.store import PolicyStore
+from services.policy.views import cost_center_of
+
+DECISIONS = Counter("qm_admission_decisions_total", "Bus admission decisions", ["decision"])
+PRODUCER = "admission"
+
+settings = Settings.from_env("admission")
+runtime = ServiceRuntime(settings)
+config = KueueConfig.load(os.environ.get("QM_CONFIG_DIR", "examples/seed"))
+policy_dir = os.environ.get("QM_POLICY_DIR", "policies/library")
+policies = PolicyStore()
+first = policies.reload(policy_dir)
+if not first.ok:
+    raise SystemExit(f"admission: cannot load policies from {policy_dir}: {first.error}")
+replica = LiveReplica(
+    settings.kafka_bootstrap,
+    {name: settings.topic(name) for name in ("qm.usage", "qm.budgets", "qm.cluster")},
+)
+
+
+def decide(submitted: WorkloadSubmitted, cause: Envelope) -> list[Output]:
+    """Pure apart from reading the replica: one submission -> its admission events."""
+    def out(payload, key: str) -> Output:
+        return Output("qm.workloads", key, make_envelope(payload, producer=PRODUCER, occurred_at=cause.occurred_at,
+                                                         identity=(cause.event_id, "admission"), cause=cause))
+
+    cluster_queue = config.cluster_queue_of(submitted.namespace, submitted.queue_name)
+    key = config.routing_key(submitted.namespace, submitted.queue_name)
+    obj = translate.kubernetes_object(submitted)
+    namespace_object = replica.namespace(submitted.namespace)
+    decision = evaluate(
+        policies.current(), obj, namespace_object,
+        usage=replica.usage(submitted.namespace),
+        budget=replica.budget(cost_center_of(obj, namespace_object)),
+        cluster=replica.cluster(),
+        enforcement_point=EnforcementPoint.BUS,
+    )
+    if not decision.allowed:
+        DECISIONS.labels("rejected").inc()
+        return [out(translate.rejected(submitted, decision.violations), key or submitted.namespace)]
+    if cluster_queue is None or key is None:
+        DECISIONS.labels("no-queue").inc()
+        return [out(translate.not_in_a_queue(submitted), submitted.namespace)]
+    DECISIONS.labels("validated").inc()
+    cohort = config.objects.cluster_queues[cluster_queue].cohort
+    return [out(translate.validated(submitted, cluster_queue, cohort, decision.warnings), key)]
+
+
+async def on_cluster_event(envelope: Envelope, event) -> None:
+    if not isinstance(envelope.payload, WorkloadSubmitted):
+        return
+    await replica.caught_up.wait()  # never judge against an empty replica
+    await runtime.publish(decide(envelope.payload, envelope))
+
+
+runtime.consume("qm.cluster", on_cluster_event)
+
+
+@runtime.app.task
+async def follow_live_state() -> None:
+    await replica.run()
+
+
+@runtime.app.task
+async def serve_webhook() -> None:
+    port = os.environ.get("QM_WEBHOOK_PORT")
+    if not port:
+        return
+    from services.admission.webhook import make_app, serve
+
+    await serve(make_app(policies.current, replica), settings.web_host, int(port),
+                os.environ.get("QM_WEBHOOK_CERT"), os.environ.get("QM_WEBHOOK_KEY"))
+
+
+def _reload(*_: object) -> None:
+    result = policies.reload(policy_dir)
+    if result.ok:
+        runtime.log.info("policies reloaded", detail=result.version)
+    else:
+        runtime.log.error("policy reload refused; the previous set stays active", error=str(result.error))
+
+
+signal.signal(signal.SIGHUP, _reload)

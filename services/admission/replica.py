@@ -1,0 +1,115 @@
+"""The admission service's read-only replicas: live usage (qm.usage), budgets (qm.budgets) and
+namespace labels (namespace.labels.v1 on qm.cluster), kept current by a consumer that reads
+every partition without a consumer group, so each admission replica sees everything.
+
+It is the webhook's `LiveState` too: both paths evaluate against the same replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from services.contracts.codec import ContractError, decode
+from services.contracts.events import BudgetStatus, NamespaceLabels, UsageSnapshot
+
+log = logging.getLogger("qm.admission.replica")
+
+
+class LiveReplica:
+    def __init__(self, bootstrap: str, topics: dict[str, str]) -> None:
+        """`topics`: logical name (qm.usage, qm.budgets, qm.cluster) -> actual (prefixed) name."""
+        self._bootstrap = bootstrap
+        self._topics = topics
+        self.namespaces: dict[str, dict[str, Any]] = {}
+        self.usages: dict[str, dict[str, Any]] = {}
+        self.budgets: dict[str, dict[str, Any]] = {}
+        self.caught_up = asyncio.Event()
+        self._consumer: AIOKafkaConsumer | None = None
+
+    # -- LiveState --------------------------------------------------------------------
+    def namespace(self, name: str) -> dict[str, Any] | None:
+        return self.namespaces.get(name)
+
+    def usage(self, namespace: str) -> dict[str, Any] | None:
+        return self.usages.get(namespace)
+
+    def budget(self, cost_center: str) -> dict[str, Any] | None:
+        return self.budgets.get(cost_center)
+
+    def cluster(self) -> dict[str, Any] | None:
+        return None
+
+    def ready(self) -> bool:
+        return self.caught_up.is_set()
+
+    # -- folding ----------------------------------------------------------------------
+    def apply(self, payload: Any) -> None:
+        if isinstance(payload, UsageSnapshot):
+            self.usages[payload.namespace] = {
+                "namespace": payload.namespace,
+                "reserved": payload.reserved,
+                "running": payload.running,
+                "total": payload.total,
+            }
+        elif isinstance(payload, BudgetStatus):
+            self.budgets[payload.cost_center] = {
+                "costCenter": payload.cost_center,
+                "period": payload.period,
+                "unit": payload.unit,
+                "limit": payload.limit,
+                "used": payload.used,
+                "remaining": payload.remaining,
+                "exhausted": payload.exhausted,
+            }
+        elif isinstance(payload, NamespaceLabels):
+            if payload.deleted:
+                self.namespaces.pop(payload.namespace, None)
+            else:
+                self.namespaces[payload.namespace] = {
+                    "apiVersion": "v1",
+                    "kind": "Namespace",
+                    "metadata": {"name": payload.namespace, "labels": dict(payload.labels)},
+                }
+
+    async def run(self) -> None:
+        """Read every partition from the beginning, then follow; set caught_up at the end offsets."""
+        consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, enable_auto_commit=False,
+                                    auto_offset_reset="earliest")
+        self._consumer = consumer
+        await consumer.start()
+        try:
+            tps = []
+            for topic in self._topics.values():
+                partitions = consumer.partitions_for_topic(topic)
+                while partitions is None:
+                    await consumer._client.force_metadata_update()
+                    partitions = consumer.partitions_for_topic(topic)
+                    if partitions is None:
+                        await asyncio.sleep(0.5)
+                tps += [TopicPartition(topic, p) for p in partitions]
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            end = await consumer.end_offsets(tps)
+            behind = {tp for tp in tps if end[tp] > 0}
+            if not behind:
+                self.caught_up.set()
+            while True:
+                batch = await consumer.getmany(timeout_ms=500)
+                for records in batch.values():
+                    for record in records:
+                        try:
+                            self.apply(decode(record.value).payload)
+                        except ContractError as error:
+                            log.warning("unreadable replica record skipped: %s", error)
+                if not self.caught_up.is_set():
+                    for tp in list(behind):
+                        if await consumer.position(tp) >= end[tp]:
+                            behind.discard(tp)
+                    if not behind:
+                        self.caught_up.set()
+        finally:
+            await consumer.stop()

@@ -1,0 +1,95 @@
+"""The admission service on the real broker: live usage from qm.usage decides the namespace
+GPU maximum (the field report's K8sBanExcessGpuQuota), the verdict lands on qm.workloads."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import pytest
+
+from services.adapters.bus import Publisher, read_envelopes
+from services.contracts.codec import make_envelope
+from services.contracts.events import NamespaceLabels, UsageSnapshot, WorkloadSubmitted
+from tests.integration.processes import start_worker
+from tests.integration.test_worker_recovery import wait_for
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+AT = "2026-11-29T10:00:00Z"
+LABELS = {"kueue.x-k8s.io/queue-name": "team-ml", "quartermaster.dev/cost-center": "cc-ml"}
+
+
+def submitted(name: str, gpus: int, labels=LABELS, queue="team-ml"):
+    return make_envelope(
+        WorkloadSubmitted(uid=f"uid-{name}", namespace="ml-team", name=name, kind="Job", queue_name=queue,
+                          priority=0, labels=dict(labels), created_at=AT,
+                          pod_sets=[{"name": "main", "count": 1, "requests": {"nvidia.com/gpu": gpus * 1000}}]),
+        producer="test", occurred_at=AT)
+
+
+def usage(gpus: int, tag: str):
+    return make_envelope(
+        UsageSnapshot(namespace="ml-team", reserved={}, running={"a100-flavor": {"nvidia.com/gpu": gpus * 1000}},
+                      total={"nvidia.com/gpu": gpus * 1000}, as_of=AT),
+        producer="test", occurred_at=AT, identity=(tag,))
+
+
+async def verdicts(bootstrap, prefix) -> dict[str, object]:
+    return {e.payload.name: e async for _, e in read_envelopes(bootstrap, prefix + "qm.workloads")
+            if not isinstance(e, Exception)}
+
+
+async def test_namespace_gpu_maximum_counts_live_usage(kafka_bootstrap, topic_prefix, tmp_path):
+    env = {"QM_TOPIC_PREFIX": topic_prefix, "QM_APP_ID_SUFFIX": f"-{uuid.uuid4().hex[:8]}", "QM_STORE": "memory://",
+           "QM_DATA_DIR": str(tmp_path), "QM_CONFIG_DIR": str(REPO / "examples" / "seed"),
+           "QM_POLICY_DIR": str(REPO / "policies" / "library")}
+    async with Publisher(kafka_bootstrap, topic_prefix) as bus:
+        ns = NamespaceLabels(namespace="ml-team", labels={"quartermaster.dev/cost-center": "cc-ml"})
+        await bus.publish("qm.cluster", "ml-team", make_envelope(ns, producer="test", occurred_at=AT))
+        await bus.publish("qm.usage", "ml-team", usage(28, "28"))
+        await bus.flush()
+    worker = start_worker("services.admission", env, tmp_path / "admission.log")
+    try:
+        worker.wait_ready()
+        async with Publisher(kafka_bootstrap, topic_prefix) as bus:
+            for e in [submitted("llm-8gpu", 8), submitted("small-4gpu", 4),
+                      submitted("no-labels", 1, labels={}, queue="team-ml"),
+                      submitted("lost", 1, labels={**LABELS, "kueue.x-k8s.io/queue-name": "nope"}, queue="nope")]:
+                await bus.publish("qm.cluster", e.payload.uid, e)
+            await bus.flush()
+
+        async def four_verdicts():
+            return len(await verdicts(kafka_bootstrap, topic_prefix)) >= 4
+
+        await wait_for(four_verdicts, 60, "four verdicts")
+        first = await verdicts(kafka_bootstrap, topic_prefix)
+
+        async with Publisher(kafka_bootstrap, topic_prefix) as bus:
+            await bus.publish("qm.usage", "ml-team", usage(20, "20"))
+            await bus.flush()
+            await asyncio.sleep(1.5)  # the replica follows qm.usage
+            await bus.publish("qm.cluster", "uid-llm-8gpu-retry", submitted("llm-8gpu-retry", 8))
+            await bus.flush()
+
+        async def retried():
+            return "llm-8gpu-retry" in await verdicts(kafka_bootstrap, topic_prefix)
+
+        await wait_for(retried, 60, "the retry's verdict")
+        second = await verdicts(kafka_bootstrap, topic_prefix)
+    finally:
+        worker.stop()
+
+    rejected = first["llm-8gpu"]
+    assert rejected.event_type == "workload.rejected.v1"
+    assert rejected.payload.violations[0]["message"] == "namespace ml-team used 28 GPU, requesting 8, max is 32"
+    ok = first["small-4gpu"]
+    assert ok.event_type == "workload.validated.v1"
+    assert (ok.payload.cluster_queue, ok.payload.queue_name) == ("gpu-queue", "team-ml")
+    assert first["no-labels"].event_type == "workload.rejected.v1"
+    assert "quartermaster.dev/cost-center" in first["no-labels"].payload.message
+    lost = first["lost"]
+    assert (lost.event_type, lost.payload.reason) == ("workload.pending.v1", "Inadmissible")
+    assert "LocalQueue nope doesn't exist in namespace ml-team" in lost.payload.message
+    assert second["llm-8gpu-retry"].event_type == "workload.validated.v1"
