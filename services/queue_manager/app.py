@@ -4,6 +4,7 @@ Wiring only; the decisions are in state.apply (a pure fold over the quota core).
     qm.workloads (keyed by cohort)  -> fold per cohort -> QuotaReserved, Pending, Released, ...
     qm.cluster   (keyed by uid)     -> re-keyed by cohort onto qm.workloads (running, finished)
     qm.clock     (one partition)    -> one tick per cohort onto qm.workloads
+    qm.preemption (keyed by cohort) -> VictimsSelected joins the cohort's stream on qm.workloads
 """
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ from services.adapters.kueue_config import KueueConfig
 from services.adapters.runtime import Output, ServiceRuntime
 from services.adapters.settings import Settings
 from services.contracts.codec import Envelope, make_envelope
-from services.contracts.events import ClockTick, PodRunning, WorkloadFinished, WorkloadRunning
+from services.contracts.events import (
+    ClockTick,
+    PodRunning,
+    PreemptionVictimsSelected,
+    WorkloadFinished,
+    WorkloadRunning,
+)
 from services.contracts.schemas import topic_specs
 from services.queue_manager import state as fold
 
@@ -100,7 +107,17 @@ async def on_clock_tick(envelope: Envelope, event) -> None:
     await runtime.publish(outputs)
 
 
+async def on_preemption_event(envelope: Envelope, event) -> None:
+    """The preemption service's answers join the cohort's own stream, so the fold sees them in order."""
+    if not isinstance(envelope.payload, PreemptionVictimsSelected):
+        return
+    out = make_envelope(envelope.payload, producer=fold.PRODUCER, occurred_at=envelope.occurred_at,
+                        identity=(envelope.event_id, "rekeyed"), cause=envelope)
+    await runtime.publish([Output("qm.workloads", envelope.payload.cohort, out)])
+
+
 runtime.consume("qm.workloads", on_workload_event)
+runtime.consume("qm.preemption", on_preemption_event)
 runtime.consume("qm.cluster", on_cluster_event)
 runtime.consume("qm.clock", on_clock_tick)
 

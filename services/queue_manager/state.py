@@ -21,8 +21,11 @@ from services.contracts.codec import Envelope, make_envelope, parse_utc, utc_iso
 from services.contracts.events import (
     ActionAdmit,
     ClockTick,
+    PreemptionNeeded,
+    PreemptionVictimsSelected,
     UsageSnapshot,
     WorkloadDeactivated,
+    WorkloadEvicted,
     WorkloadFinished,
     WorkloadPending,
     WorkloadPrefreezeExpired,
@@ -92,6 +95,7 @@ def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, l
             "priority": payload.priority,
             "priority_class": payload.priority_class,
             "pod_sets": payload.pod_sets,
+            "labels": payload.labels or {},
             "created_at": payload.created_at,
             "eligible_at": 0.0,
             "attempts": 0,
@@ -107,6 +111,7 @@ def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, l
         entry = state["admitted"].pop(payload.uid, None)
         state["pending"].pop(payload.uid, None)
         state["said"].pop(payload.uid, None)
+        state.get("blocked", {}).pop(payload.uid, None)
         state["expiries"].pop(payload.uid, None)
         if entry is None:
             return state, outputs
@@ -114,6 +119,9 @@ def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, l
         emit.usage(state, {entry["namespace"]})
     elif isinstance(payload, ClockTick):
         _expire_idle_reservations(state, ctx, emit)
+    elif isinstance(payload, PreemptionVictimsSelected):
+        if not _apply_preemption(state, payload, ctx, emit):
+            return state, outputs
     else:
         return state, outputs  # our own outputs and other services' events on qm.workloads
 
@@ -194,6 +202,55 @@ def _expire_idle_reservations(state: dict, ctx: Context, emit: _Emitter) -> None
         emit.usage(state, touched)
 
 
+def _apply_preemption(state: dict, answer: PreemptionVictimsSelected, ctx: Context, emit: _Emitter) -> bool:
+    """The preemption service chose victims (or found none allowed). Victims give their quota
+    back and requeue with backoff; the preemptor is admitted first in this same step, so the
+    freed quota is held for it and no third workload can take it. Returns False if moot."""
+    preemptor = state["pending"].get(answer.preemptor_uid)
+    if preemptor is None:
+        return False  # admitted or gone meanwhile: evicting anyone now would be waste
+    if answer.blocked_message:
+        blocked = state.setdefault("blocked", {})
+        if blocked.get(preemptor["uid"]) != answer.blocked_message:
+            blocked[preemptor["uid"]] = answer.blocked_message
+            emit.add(
+                "qm.workloads",
+                preemptor.get("cohort_key") or answer.cohort,
+                WorkloadPending(uid=preemptor["uid"], namespace=preemptor["namespace"], name=preemptor["name"],
+                                cluster_queue=preemptor["cluster_queue"], reason="PreemptionBlocked",
+                                message=answer.blocked_message),
+                identity=(preemptor["uid"], answer.blocked_message),
+            )
+        return False
+    now = state["now"]
+    touched = set()
+    for victim in answer.victims:
+        entry = state["admitted"].pop(victim["uid"], None)
+        if entry is None:
+            continue
+        touched.add(entry["namespace"])
+        preemptor_name = f"{preemptor['namespace']}/{preemptor['name']}"
+        emit.add("qm.workloads", entry["cohort_key"], WorkloadEvicted(
+            uid=entry["uid"], namespace=entry["namespace"], name=entry["name"], cluster_queue=entry["cluster_queue"],
+            reason=victim["reason"], preemptor=preemptor_name, grace_period_s=victim.get("grace_period_s", 0),
+            evicted_at=iso(now)), identity=(entry["uid"], entry["reserved_at"], "evicted"))
+        emit.released(entry, "Preempted", now)
+        workload = entry["workload"]
+        workload["attempts"] = workload.get("attempts", 0) + 1
+        backoff = min(ctx.backoff_base_s * 2 ** (workload["attempts"] - 1), ctx.backoff_max_s)
+        workload["eligible_at"] = now + backoff
+        state["pending"][entry["uid"]] = workload
+        state["said"].pop(entry["uid"], None)
+        emit.add("qm.workloads", entry["cohort_key"], WorkloadRequeued(
+            uid=entry["uid"], namespace=entry["namespace"], name=entry["name"], cluster_queue=entry["cluster_queue"],
+            reason="Preempted", requeue_at=iso(workload["eligible_at"]), backoff_s=int(backoff),
+            attempt=workload["attempts"]), identity=(entry["uid"], entry["reserved_at"], "requeued"))
+    if touched:
+        emit.usage(state, touched)
+    _drain(state, ctx, emit, only=[preemptor["uid"]])  # nominated: the freed quota is the preemptor's
+    return True
+
+
 def _core_workload(w: dict) -> CoreWorkload:
     return CoreWorkload(
         namespace=w["namespace"],
@@ -243,10 +300,11 @@ def _usage_by_flavor(workload: dict, flavors: dict, counts: dict) -> dict[str, d
     return usage
 
 
-def _drain(state: dict, ctx: Context, emit: _Emitter) -> None:
+def _drain(state: dict, ctx: Context, emit: _Emitter, only: list[str] | None = None) -> None:
     """Admit everything that now fits, in Kueue's order (the core's drain mode)."""
     now = state["now"]
-    eligible = [w for w in state["pending"].values() if w["eligible_at"] <= now]
+    candidates = [state["pending"][u] for u in only if u in state["pending"]] if only else state["pending"].values()
+    eligible = [w for w in candidates if w["eligible_at"] <= now]
     if not eligible:
         return
     snapshot = build_snapshot(ctx.objects, [_admitted_for_snapshot(e) for e in state["admitted"].values()])
@@ -274,10 +332,18 @@ def _drain(state: dict, ctx: Context, emit: _Emitter) -> None:
             }
             del state["pending"][uid]
             state["said"].pop(uid, None)
+            state.get("blocked", {}).pop(uid, None)
             state["admitted"][uid] = entry
             touched.add(workload["namespace"])
             emit.reserved(entry, borrowing=decision.borrowing > 0)
             emit.admit_action(entry, ctx)
+        elif decision.status == WorkloadStatus.PREEMPTING:
+            # Ask again only when the cohort's admitted set changed since the last question.
+            said = "preempting|" + ",".join(sorted(state["admitted"]))
+            if state["said"].get(uid) == said:
+                continue  # already asked; the preemption service answers once
+            state["said"][uid] = said
+            emit.preemption_needed(state, workload, decision, snapshot.root_name(decision.cluster_queue))
         else:
             said = f"{decision.reason}|{decision.message}"
             if state["said"].get(uid) == said:
@@ -350,6 +416,31 @@ class _Emitter:
                 flavors=entry["flavors"],
             ),
             identity=(entry["uid"], entry["reserved_at"], "admit"),
+        )
+
+    def preemption_needed(self, state: dict, workload: dict, decision: Any, cohort_key: str) -> None:
+        """Ask the preemption service, with the cohort's admitted workloads as its snapshot."""
+        admitted = [
+            {
+                "uid": e["uid"], "namespace": e["namespace"], "name": e["name"], "cluster_queue": e["cluster_queue"],
+                "priority": e["workload"]["priority"], "created_at": e["workload"]["created_at"],
+                "labels": e["workload"].get("labels", {}), "usage": e["usage"], "reserved_at": iso(e["reserved_at"]),
+                "running_at": iso(e["running_at"]) if e["running_at"] is not None else None,
+            }
+            for e in sorted(state["admitted"].values(), key=lambda e: e["uid"])
+        ]
+        preemptor = {k: workload[k] for k in ("uid", "namespace", "name", "priority", "created_at", "pod_sets",
+                                              "queue_name")}
+        preemptor.update(cluster_queue=decision.cluster_queue, labels=workload.get("labels", {}))
+        self.add(
+            "qm.preemption",
+            cohort_key,
+            PreemptionNeeded(preemptor=preemptor, cohort=cohort_key,
+                             snapshot={"admitted": admitted, "now": iso(self.now),
+                                       "kueue_targets": [{"workload": t.workload, "reason": str(t.reason)}
+                                                         for t in decision.preempts]},
+                             message=decision.message or "preemption needed"),
+            identity=(workload["uid"], tuple(sorted(a["uid"] for a in admitted)), "preemption-needed"),
         )
 
     def released(self, entry: dict, reason: str, at: float) -> None:
