@@ -114,7 +114,11 @@ class ActionRunner:
 
 
 async def run(settings: WatcherSettings, sink: Sink,
-              actions: AsyncIterator[Mapping[str, Any]] | None = None) -> None:
+              actions: AsyncIterator[Mapping[str, Any]] | None = None,
+              action_source: Any = None) -> None:
+    """Watch and actuate until cancelled. `actions` yields action envelopes to apply; or
+    `action_source(runner)` feeds the ActionRunner itself (the Kafka shell, which tracks
+    each action's task to commit offsets only after the action was applied)."""
     kube = make_kube(settings)
     flavors = load_flavors(settings.config_dir)
     store = FileStateStore(settings.state_path) if settings.state_path else MemoryStateStore()
@@ -122,7 +126,12 @@ async def run(settings: WatcherSettings, sink: Sink,
     runner = ActionRunner(Actuator(kube, sink, flavors=flavors))
     tasks = [asyncio.create_task(watcher.run_forever(), name="watcher"),
              asyncio.create_task(run_clock(sink, interval_s=settings.clock_interval_s), name="clock")]
-    if actions is not None:
+    if action_source is not None:
+        async def feed() -> None:
+            async for _ in action_source(runner):
+                pass
+        tasks.append(asyncio.create_task(feed(), name="actions"))
+    elif actions is not None:
         async def consume() -> None:
             async for action in actions:
                 runner.submit(action)
