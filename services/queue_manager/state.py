@@ -44,6 +44,7 @@ from services.core.quota import (
     drain,
 )
 from services.core.quota import Workload as CoreWorkload
+from services.core.quota.model import QueueingStrategy
 
 PRODUCER = "queue-manager"
 
@@ -78,7 +79,9 @@ def iso(seconds: float) -> str:
 def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, list[Output]]:
     state = state if state is not None else empty_state()
     payload = envelope.payload
+    previous_now = state["now"]
     state["now"] = max(state["now"], epoch(envelope.occurred_at))
+    only: list[str] | None = None  # None: every pending workload of the cohort may now fit
     outputs: list[Output] = []
     emit = _Emitter(envelope, outputs, state["now"])
 
@@ -100,6 +103,13 @@ def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, l
             "eligible_at": 0.0,
             "attempts": 0,
         }
+        # An arrival frees no quota, so under BestEffortFIFO only the newcomer can newly fit;
+        # under StrictFIFO it may have to queue behind its ClusterQueue's head.
+        spec = ctx.objects.cluster_queues.get(payload.cluster_queue)
+        if spec is not None and spec.queueing_strategy == QueueingStrategy.STRICT_FIFO:
+            only = [u for u, w in state["pending"].items() if w["cluster_queue"] == payload.cluster_queue]
+        else:
+            only = [payload.uid]
     elif isinstance(payload, WorkloadRunning):
         entry = state["admitted"].get(payload.uid)
         if entry is None or entry["running_at"] is not None:
@@ -118,18 +128,21 @@ def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, l
         emit.released(entry, "Finished", epoch(payload.finished_at))
         emit.usage(state, {entry["namespace"]})
     elif isinstance(payload, ClockTick):
-        _expire_idle_reservations(state, ctx, emit)
+        expired = _expire_idle_reservations(state, ctx, emit)
+        woke = any(previous_now < w["eligible_at"] <= state["now"] for w in state["pending"].values())
+        if not expired and not woke:
+            return state, outputs  # time passed, nothing that decides changed
     elif isinstance(payload, PreemptionVictimsSelected):
         if not _apply_preemption(state, payload, ctx, emit):
             return state, outputs
     else:
         return state, outputs  # our own outputs and other services' events on qm.workloads
 
-    _drain(state, ctx, emit)
+    _drain(state, ctx, emit, only=only)
     return state, outputs
 
 
-def _expire_idle_reservations(state: dict, ctx: Context, emit: _Emitter) -> None:
+def _expire_idle_reservations(state: dict, ctx: Context, emit: _Emitter) -> bool:
     """Pre-freeze timeout: a reservation not running within podsReadyTimeout is released and
     requeued with exponential backoff; after max_expiries the workload is deactivated."""
     now = state["now"]
@@ -200,6 +213,7 @@ def _expire_idle_reservations(state: dict, ctx: Context, emit: _Emitter) -> None
         )
     if touched:
         emit.usage(state, touched)
+    return bool(touched)
 
 
 def _apply_preemption(state: dict, answer: PreemptionVictimsSelected, ctx: Context, emit: _Emitter) -> bool:

@@ -11,8 +11,10 @@ import pytest
 import yaml
 
 from services.adapters.bus import Publisher, read_envelopes
+from services.adapters.kueue_config import KueueConfig
 from services.contracts.codec import make_envelope
 from services.contracts.events import ClockTick, PodRunning, WorkloadFinished, WorkloadValidated
+from services.queue_manager.state import Context, apply
 from tests.integration.processes import start_worker
 from tests.integration.test_worker_recovery import wait_for
 
@@ -125,53 +127,72 @@ def check_invariants(trail) -> dict[str, int]:
     return dict(reservations)
 
 
-async def test_sigkill_in_a_burst_keeps_every_invariant_and_reserves_nobody_twice(kafka_bootstrap, topic_prefix, tmp_path):
-    config = tmp_path / "config"
-    cohort_config(config)
+def burst_events(cohorts: int, submissions: int):
+    """Submissions spread over the cohorts, and every fifth step a finish of an earlier one."""
     burst = []
-    for i in range(600):
-        c, q = i % 3, (i // 3) % 2
-        at = f"2026-11-29T10:{i // 60:02d}:{i % 60:02d}Z"
+    for i in range(submissions):
+        c, q = i % cohorts, (i // cohorts) % 2
+        at = f"2026-11-29T{10 + i // 3600:02d}:{i // 60 % 60:02d}:{i % 60:02d}Z"
         burst.append((f"cohort:cohort-{c}", validated(f"w{i}", [1, 2, 4, 8][i % 4], cq=f"cq-{c}-{q}", queue="lq",
                                                       ns=f"ns-{c}-{q}", at=at, cohort=f"cohort-{c}")))
-        if i % 5 == 4:  # finishes free quota and drive more admissions
-            j = i - 4
-            burst.append((f"cohort:cohort-{j % 3}", make_envelope(
-                WorkloadFinished(uid=f"uid-w{j}", namespace=f"ns-{j % 3}-{(j // 3) % 2}", name=f"w{j}",
+        if i % 5 == 4 and i >= 40:  # finishes free quota and drive more admissions
+            j = i - 40
+            burst.append((f"cohort:cohort-{j % cohorts}", make_envelope(
+                WorkloadFinished(uid=f"uid-w{j}", namespace=f"ns-{j % cohorts}-{(j // cohorts) % 2}", name=f"w{j}",
                                  succeeded=True, finished_at=at), producer="test", occurred_at=at)))
+    return burst
+
+
+def held_reservations(trail) -> set[str]:
+    reserved = {e.payload.uid for e in trail if e.event_type == "workload.quota_reserved.v1"}
+    return reserved - {e.payload.uid for e in trail if e.event_type == "workload.released.v1"}
+
+
+def uninterrupted(config_dir: Path, burst) -> set[str]:
+    """The reservations one uninterrupted fold per cohort ends with: the reference."""
+    cfg = KueueConfig.load(config_dir)
+    ctx = Context(objects=cfg.objects, node_labels=cfg.node_labels())
+    states: dict[str, dict] = {}
+    for key, envelope in burst:
+        states[key], _ = apply(states.get(key), envelope, ctx)
+    return {uid for state in states.values() for uid in state["admitted"]}
+
+
+async def test_two_replicas_and_a_sigkill_in_a_5000_burst_keep_every_invariant(kafka_bootstrap, topic_prefix, tmp_path):
+    config = tmp_path / "config"
+    cohort_config(config, cohorts=5)
+    burst = burst_events(cohorts=5, submissions=5000)
+    expected = uninterrupted(config, burst)
     environment = env(topic_prefix, tmp_path, config)
     async with Publisher(kafka_bootstrap, topic_prefix) as bus:
         for key, e in burst:
             await bus.publish("qm.workloads", key, e)
         await bus.flush()
 
-    worker = start_worker("services.queue_manager", environment, tmp_path / "qm1.log")
+    first = start_worker("services.queue_manager", environment, tmp_path / "qm-a1.log")
+    second = start_worker("services.queue_manager", environment, tmp_path / "qm-b.log")
+    restarted = None
     try:
-        worker.wait_ready()
+        first.wait_ready()
+        second.wait_ready()
 
         async def some_decisions():
             trail = await events_on(kafka_bootstrap, topic_prefix + "qm.workloads")
-            return sum(e.event_type == "workload.quota_reserved.v1" for e in trail) >= 15
+            return sum(e.event_type == "workload.quota_reserved.v1" for e in trail) >= 200
 
-        await wait_for(some_decisions, 90, "the first decisions")
-        worker.kill()
-    finally:
-        worker.stop()
-    restarted = start_worker("services.queue_manager", environment, tmp_path / "qm2.log")
-    try:
+        await wait_for(some_decisions, 120, "the first decisions")
+        first.kill()
+        restarted = start_worker("services.queue_manager", environment, tmp_path / "qm-a2.log")
         restarted.wait_ready()
-        last = {}
-
         async def settled():
-            trail = await events_on(kafka_bootstrap, topic_prefix + "qm.workloads")
-            count = len(trail)
-            done = last.get("count") == count and count > len(burst)
-            last["count"] = count
-            return done
+            return held_reservations(await events_on(kafka_bootstrap, topic_prefix + "qm.workloads")) == expected
 
-        await wait_for(settled, 120, "the restarted queue-manager to settle")
+        await wait_for(settled, 240, "the replicas to reach the uninterrupted run's reservations")
     finally:
-        restarted.stop()
+        first.stop()
+        second.stop()
+        if restarted:
+            restarted.stop()
     trail = await events_on(kafka_bootstrap, topic_prefix + "qm.workloads")
     # Outputs repeated after the crash carry the same event id: dedupe as any consumer does.
     seen, unique = set(), []
@@ -181,3 +202,4 @@ async def test_sigkill_in_a_burst_keeps_every_invariant_and_reserves_nobody_twic
             unique.append(e)
     reservations = check_invariants(unique)
     assert reservations and max(reservations.values()) == 1
+    assert held_reservations(unique) == expected

@@ -58,8 +58,15 @@ def test_pending_with_kueues_message_and_only_once_while_nothing_changes():
     state, outputs = run([tick("2026-11-29T10:00:30Z"), tick("2026-11-29T10:01:00Z")], state)
     assert outputs == []  # nothing changed, nothing said
     state, outputs = run([validated("small", 1)], state)
-    pending = [o.envelope.payload for o in outputs if o.envelope.event_type == "workload.pending.v1"]
-    assert [p.message.rsplit(", ", 1)[-1] for p in pending] == ["9 more needed"]  # the answer changed
+    assert "uid-small" in state["admitted"]
+    # An arrival is judged alone (it frees nothing), so the waiting job is not re-said...
+    assert [o.envelope.payload.name for o in outputs if o.envelope.event_type == "workload.pending.v1"] == []
+    # ...until something that frees quota re-evaluates the whole queue.
+    small_done = make_envelope(WorkloadFinished(uid="uid-small", namespace="ml-team", name="small", succeeded=True,
+                                                finished_at="2026-11-29T10:02:00Z"),
+                               producer="test", occurred_at="2026-11-29T10:02:00Z")
+    state, outputs = run([small_done], state)
+    assert [o.envelope.event_type for o in outputs if o.envelope.event_type == "workload.pending.v1"] == []
 
 
 def test_finish_releases_quota_and_admits_what_now_fits_in_the_same_event():
