@@ -22,13 +22,23 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from services.cli import billing_cmd, demo_cmd, policy_cmd, simulate_cmd, topics_cmd
+    from services.cli import (
+        billing_cmd,
+        demo_cmd,
+        explain_cmd,
+        policy_cmd,
+        simulate_cmd,
+        status_cmd,
+        topics_cmd,
+    )
 
     topics_cmd.register(app)
     simulate_cmd.register(app)
     policy_cmd.register(app)
     billing_cmd.register(app)
     demo_cmd.register(app)
+    explain_cmd.register(app)
+    status_cmd.register(app)
 
 
 def main() -> None:

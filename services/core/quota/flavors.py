@@ -200,7 +200,7 @@ def _selector_matches(flavor: ResourceFlavor, node_selector: tuple[tuple[str, st
 class FlavorAssigner:
     """Assigns flavors for one workload in one ClusterQueue of a snapshot."""
 
-    __slots__ = ("cq", "flavors", "pod_sets", "oracle", "can_preempt_while_borrowing")
+    __slots__ = ("cq", "flavors", "pod_sets", "oracle", "can_preempt_while_borrowing", "memo")
 
     def __init__(
         self,
@@ -209,11 +209,15 @@ class FlavorAssigner:
         pod_sets: tuple[PodSet, ...],
         oracle: PreemptionOracle | None,
         fair_sharing: bool,
+        memo: Callable[[], tuple[dict[object, object], object]] | None = None,
     ) -> None:
         self.cq = cq
         self.flavors = flavors
         self.pod_sets = pod_sets
         self.oracle = oracle
+        # memo() -> (dict valid for the current snapshot state, key of the oracle's inputs):
+        # a resource group's flavor search is pure in (state, oracle, requests, assumed usage)
+        self.memo = memo
         pre = cq.spec.preemption
         self.can_preempt_while_borrowing = pre.borrow_within_cohort != "Never" or (
             fair_sharing and pre.reclaim_within_cohort != "Never"
@@ -224,6 +228,9 @@ class FlavorAssigner:
         assignment = Assignment()
         usage = assignment.usage
         covers_pods = "pods" in cq.rg_by_resource
+        memo = self.memo
+        if memo is not None:
+            memo_dict, memo_key = memo()
         for i, ps in enumerate(self.pod_sets):
             count = ps.count if counts is None else counts[i]
             requests = {res: per_pod * count for res, per_pod in ps.requests}
@@ -242,7 +249,23 @@ class FlavorAssigner:
                     break
                 if res in psa.flavors:  # type: ignore[operator]
                     continue
-                chosen, reasons, no_fit = self._find_flavor(ps, requests, res, rg, usage)
+                if memo is None:
+                    chosen, reasons, no_fit = self._find_flavor(ps, requests, res, rg, usage)
+                else:
+                    covered = rg.covered_resources
+                    group = tuple(sorted((r, v) for r, v in requests.items() if r in covered))
+                    assumed = (
+                        tuple(usage.get((fq.flavor, r), 0) for fq in rg.flavors for r, _ in group)
+                        if usage
+                        else ()
+                    )
+                    mkey = ("flavor", memo_key, res, ps.node_selector, group, assumed)
+                    hit = memo_dict.get(mkey)
+                    if hit is None:
+                        hit = self._find_flavor(ps, requests, res, rg, usage)
+                        memo_dict[mkey] = hit
+                    chosen, reasons, no_fit = hit  # type: ignore[misc]
+                    reasons = list(reasons)
                 if chosen is None:
                     psa.reasons = reasons
                     psa.no_fit_reason = no_fit

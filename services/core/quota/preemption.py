@@ -17,6 +17,7 @@ resource share, subject to the configured strategies.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.core.quota.fairsharing import dominant_resource_share, strategy_allows
@@ -33,6 +34,9 @@ class Preemptor:
     cluster_queue: str
     priority: int
     queued_at: float
+    # Quartermaster's PreemptionPolicy: candidates it protects are never considered, so the
+    # minimal victim set is searched among allowed candidates only. None: Kueue's rules alone.
+    may_preempt: Callable[[AdmittedWorkload], bool] | None = None
 
 
 def _uses(wl: AdmittedWorkload, frs: set[FlavorResource]) -> bool:
@@ -63,14 +67,29 @@ def find_candidates(
                 candidates.append(cand)
     if cq.node.parent is not None and policy.reclaim_within_cohort is not PreemptionPolicy.NEVER:
         only_lower = policy.reclaim_within_cohort is not PreemptionPolicy.ANY
-        for other in snapshot.tree_members(cq):
-            if other is cq or not _cq_is_borrowing(other, frs):
-                continue
-            for cand in other.workloads.values():
-                if only_lower and cand.priority >= preemptor.priority:
+        # The borrowing members' candidates depend only on the tree's admitted set: memoised
+        # per tree fingerprint (see Snapshot.tree_cache), instead of a scan per nomination.
+        cache = snapshot.tree_cache(cq.root_key)
+        ckey = ("reclaim", frozenset(frs), preemptor.priority if only_lower else None)
+        per_cq = cache.get(ckey)
+        if per_cq is None:
+            per_cq = []
+            for other in snapshot.tree_members(cq):
+                if not _cq_is_borrowing(other, frs):
                     continue
-                if _uses(cand, frs):
-                    candidates.append(cand)
+                found = [
+                    cand
+                    for cand in other.workloads.values()
+                    if not (only_lower and cand.priority >= preemptor.priority) and _uses(cand, frs)
+                ]
+                if found:
+                    per_cq.append((other, found))
+            cache[ckey] = per_cq
+        for other, found in per_cq:  # type: ignore[union-attr]
+            if other is not cq:
+                candidates.extend(found)
+    if preemptor.may_preempt is not None:
+        candidates = [c for c in candidates if preemptor.may_preempt(c)]
     return candidates
 
 

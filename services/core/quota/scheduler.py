@@ -23,7 +23,7 @@ Nothing here mutates the snapshot passed in: results carry a new snapshot.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from services.core.quota.fairsharing import dominant_resource_share
@@ -146,28 +146,62 @@ class _Entry:
 
 def _oracle(snapshot: Snapshot, preemptor: Preemptor, now: float):  # type: ignore[no-untyped-def]
     cq = snapshot.cluster_queues[preemptor.cluster_queue]
+    pkey = _preemptor_key(cq, preemptor, now)
 
     def simulate(fr: tuple[str, str], value: int) -> tuple[Mode, int]:
+        # pure in the tree's admitted set: memoised per tree fingerprint (Snapshot.tree_cache)
+        cache = snapshot.tree_cache(cq.root_key) if pkey is not None else None
+        if cache is not None:
+            hit = cache.get(("oracle", pkey, fr, value))
+            if hit is not None:
+                return hit  # type: ignore[return-value]
         targets = get_targets(snapshot, preemptor, {fr: value}, {fr}, now)
         if not targets:
-            return Mode.NO_CANDIDATES, 0
-        undo = snapshot.simulate_removal(t.workload for t in targets)
-        borrow, _ = height_of_lowest_subtree_that_fits(cq.node, fr, value)
-        undo()
-        if any(t.cluster_queue == cq.name for t in targets):
-            return Mode.PREEMPT, borrow
-        return Mode.RECLAIM, borrow
+            out = Mode.NO_CANDIDATES, 0
+        else:
+            undo = snapshot.simulate_removal(t.workload for t in targets)
+            borrow, _ = height_of_lowest_subtree_that_fits(cq.node, fr, value)
+            undo()
+            if any(t.cluster_queue == cq.name for t in targets):
+                out = Mode.PREEMPT, borrow
+            else:
+                out = Mode.RECLAIM, borrow
+        if cache is not None:
+            cache[("oracle", pkey, fr, value)] = out
+        return out
 
     return simulate
 
 
+def _preemptor_key(cq: ClusterQueueState, preemptor: Preemptor, now: float) -> tuple[object, ...] | None:
+    """Everything a victim search reads from the preemptor (besides the snapshot), or None
+    when it cannot be memoised (a victim filter is a black box)."""
+    if preemptor.may_preempt is not None:
+        return None
+    newer = cq.spec.preemption.within_cluster_queue is PreemptionPolicy.LOWER_OR_NEWER_EQUAL_PRIORITY
+    return (cq.name, preemptor.priority, preemptor.queued_at if newer else None, now)
+
+
 def _assign(
-    snapshot: Snapshot, wl: Workload, cq: ClusterQueueState, now: float
+    snapshot: Snapshot,
+    wl: Workload,
+    cq: ClusterQueueState,
+    now: float,
+    may_preempt: Callable[[AdmittedWorkload], bool] | None = None,
 ) -> tuple[Assignment, list[PreemptionTarget]]:
     """Kueue's getInitialAssignments: full assignment, its victims, else partial admission."""
-    preemptor = Preemptor(wl.key, cq.name, wl.priority, wl.created_at)
+    preemptor = Preemptor(wl.key, cq.name, wl.priority, wl.created_at, may_preempt)
     fair = snapshot.config.fair_sharing.enabled
-    assigner = FlavorAssigner(cq, snapshot.flavors, wl.pod_sets, _oracle(snapshot, preemptor, now), fair)
+    pkey = _preemptor_key(cq, preemptor, now)
+    memo = None
+    if pkey is not None:
+
+        def memo() -> tuple[dict[object, object], object]:
+            return snapshot.tree_cache(cq.root_key), pkey
+
+    assigner = FlavorAssigner(
+        cq, snapshot.flavors, wl.pod_sets, _oracle(snapshot, preemptor, now), fair, memo
+    )
     full = assigner.assign()
     mode = full.representative_mode()
     if mode is AssignmentMode.FIT:
@@ -203,10 +237,18 @@ def _assign(
     return full, []
 
 
-def preemption_targets(snapshot: Snapshot, wl: Workload, now: float) -> PreemptionPlan:
+def preemption_targets(
+    snapshot: Snapshot,
+    wl: Workload,
+    now: float,
+    *,
+    may_preempt: Callable[[AdmittedWorkload], bool] | None = None,
+) -> PreemptionPlan:
     """Flavors and the minimal victim set for one pending workload (snapshot left unchanged).
 
-    The preemption service calls this, then filters the victims by its own policy.
+    ``may_preempt`` (the preemption service's policy) excludes protected workloads from the
+    candidates before the search, so the set is minimal among allowed victims; the flavor
+    assigner also sees "no candidates" for a flavor whose only victims are protected.
     """
     cq, rejected = resolve_cluster_queue(snapshot, wl)
     if cq is None:
@@ -214,7 +256,7 @@ def preemption_targets(snapshot: Snapshot, wl: Workload, now: float) -> Preempti
         return PreemptionPlan(
             wl.key, rejected.cluster_queue, AssignmentMode.NO_FIT, (), None, rejected.message
         )
-    assignment, targets = _assign(snapshot, wl, cq, now)
+    assignment, targets = _assign(snapshot, wl, cq, now, may_preempt)
     return PreemptionPlan(
         wl.key, cq.name, assignment.representative_mode(), tuple(targets), assignment, assignment.message()
     )
@@ -325,7 +367,17 @@ class _Scheduler:
             if not _namespace_matches(snap, cq, wl.namespace):
                 e.message, e.reason = NAMESPACE_MISMATCH, Reason.NAMESPACE_MISMATCH
             else:
-                e.assignment, e.targets = _assign(snap, wl, cq, now)
+                # a head re-nominated while its cohort tree is unchanged (StrictFIFO heads,
+                # heads that failed after nomination) gets the same nomination: memoised
+                # and so does a workload with the same pod sets and the same standing as a
+                # preemptor (the nomination reads nothing else of the workload)
+                cache = snap.tree_cache(cq.root_key)
+                nkey = ("nomination", _preemptor_key(cq, Preemptor(wl.key, cq.name, wl.priority, wl.created_at), now), wl.pod_sets)
+                hit = cache.get(nkey)
+                if hit is None:
+                    hit = _assign(snap, wl, cq, now)
+                    cache[nkey] = hit
+                e.assignment, e.targets = hit  # type: ignore[misc]
                 e.message = e.assignment.message()
                 if self.fair:
                     e.share = dominant_resource_share(cq.node, e.assignment.usage)[0]

@@ -59,7 +59,7 @@ class AdmittedWorkload:
 class ClusterQueueState:
     """Per-ClusterQueue view in a snapshot: spec, tree node, admitted workloads."""
 
-    __slots__ = ("spec", "node", "workloads", "rg_by_resource", "inactive_reason")
+    __slots__ = ("spec", "node", "workloads", "rg_by_resource", "inactive_reason", "root_key")
 
     def __init__(self, spec: ClusterQueue, node: Node, inactive_reason: str | None) -> None:
         self.spec = spec
@@ -69,6 +69,8 @@ class ClusterQueueState:
             res: rg for rg in spec.resource_groups for res in rg.covered_resources
         }
         self.inactive_reason = inactive_reason
+        # key of the cohort tree (see Snapshot.root_name); set once the tree is linked
+        self.root_key = spec.name
 
     @property
     def name(self) -> str:
@@ -95,6 +97,8 @@ class Snapshot:
         "namespaces",
         "local_queues",
         "_members",
+        "_fingerprints",
+        "_caches",
     )
 
     def __init__(self) -> None:
@@ -106,6 +110,12 @@ class Snapshot:
         self.namespaces: Mapping[str, Namespace] = {}
         self.local_queues: Mapping[tuple[str, str], LocalQueue] = {}
         self._members: dict[str, list[ClusterQueueState]] = {}
+        # per cohort tree: XOR of hash(AdmittedWorkload) over its admitted workloads. Quotas
+        # are fixed, so the admitted set determines every usage and candidate in the tree:
+        # equal fingerprints mean an unchanged tree (simulate-and-undo leaves it as it was).
+        self._fingerprints: dict[str, int] = {}
+        # per cohort tree: (fingerprint, memo) for pure functions of the tree's state
+        self._caches: dict[str, tuple[int, dict[object, object]]] = {}
 
     # ------------------------------------------------------------------ structure
 
@@ -136,6 +146,20 @@ class Snapshot:
             return cq_name
         return "cohort:" + cq.node.root().name
 
+    def fingerprint(self, root_key: str) -> int:
+        """Changes whenever the admitted set (hence usage) of that cohort tree changes."""
+        return self._fingerprints.get(root_key, 0)
+
+    def tree_cache(self, root_key: str) -> dict[object, object]:
+        """A memo for values that depend only on the cohort tree's admitted set; emptied as
+        soon as that set changes (by fingerprint), and never shared with copies."""
+        fp = self._fingerprints.get(root_key, 0)
+        entry = self._caches.get(root_key)
+        if entry is None or entry[0] != fp:
+            entry = (fp, {})
+            self._caches[root_key] = entry
+        return entry[1]
+
     # ------------------------------------------------------------------ usage
 
     def add_workload(self, wl: AdmittedWorkload) -> None:
@@ -146,6 +170,8 @@ class Snapshot:
             raise ValueError(f"workload {wl.key} is already admitted")
         self.workloads[wl.key] = wl
         cq.workloads[wl.key] = wl
+        fps = self._fingerprints
+        fps[cq.root_key] = fps.get(cq.root_key, 0) ^ hash(wl)
         node = cq.node
         for fr, value in wl.usage:
             add_usage(node, fr, value)
@@ -156,6 +182,8 @@ class Snapshot:
             raise UnknownWorkloadError(key)
         cq = self.cluster_queues[wl.cluster_queue]
         del cq.workloads[key]
+        fps = self._fingerprints
+        fps[cq.root_key] = fps.get(cq.root_key, 0) ^ hash(wl)
         node = cq.node
         for fr, value in wl.usage:
             remove_usage(node, fr, value)
@@ -199,6 +227,8 @@ class Snapshot:
         new.namespaces = self.namespaces
         new.local_queues = self.local_queues
         new._members = {}
+        new._fingerprints = dict(self._fingerprints)
+        new._caches = {}
         clones: dict[int, Node] = {}
 
         def clone(node: Node) -> Node:
@@ -219,6 +249,7 @@ class Snapshot:
             state.workloads = dict(cq.workloads)
             state.rg_by_resource = cq.rg_by_resource
             state.inactive_reason = cq.inactive_reason
+            state.root_key = cq.root_key
             new.cluster_queues[name] = state
         for node in clones.values():
             if node.parent is not None:
@@ -271,6 +302,7 @@ def build_snapshot(
     for cq in snap.cluster_queues.values():
         if cq.node.parent is None:
             compute_subtree(cq.node)
+        cq.root_key = snap.root_name(cq.name)
     if admitted is None:
         admitted = [wl for wl in objects.workloads if wl.admission is not None]
     for wl in sorted(

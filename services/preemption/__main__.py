@@ -1,0 +1,3 @@
+from services.preemption.app import runtime
+
+runtime.main()

@@ -1,0 +1,375 @@
+"""The trace-driven cluster simulator: stands in for the watcher when no cluster is given.
+
+It publishes what the watcher would observe — ``namespace.labels.v1`` and ``node.capacity.v1``
+at the start, ``workload.submitted.v1`` at each pod's creation time, ``clock.tick.v1`` every
+``tick_every_s`` simulated seconds — and answers ``qm.actions`` the way a cluster would:
+
+* ``action.admit.v1`` → ``pod.running.v1`` ``start_delay_s`` after the admit's event time,
+  then ``pod.finished.v1`` + ``workload.finished.v1`` the pod's trace duration later;
+* ``action.evict.v1`` → ``pod.finished.v1`` (Failed) after the grace period; the workload is
+  then suspended with the rest of its run time and waits for a new admit;
+* ``action.cleanup.v1`` → the workload is deleted (``workload.finished.v1``, not succeeded).
+
+Event times come from the trace and from the actions' own event times, never from the wall
+clock, so the same trace and the same admissions always give the same events and ids. The
+wall clock only paces publication: ``speed`` simulated seconds per wall second. Ticks are held
+back ``tick_holdback_wall_s`` wall seconds so an admit in flight gets answered before time
+moves past it (at high speeds raise the queue-manager's QM_PODS_READY_TIMEOUT_S as well).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from services.adapters.bus import Publisher
+from services.contracts.codec import ContractError, Envelope, decode, parse_utc
+from services.contracts.events import ActionAdmit, ActionCleanup, ActionEvict
+from services.sim.config import synthetic_nodes
+from services.sim.workloads import (
+    SIM_EPOCH,
+    Compression,
+    SimWorkload,
+    namespace_events,
+    node_events,
+    node_for,
+    pod_finished,
+    pod_running,
+    submitted_event,
+    tick_event,
+    workload_finished,
+    workloads_from_trace,
+)
+from services.trace.alibaba import TEAM_NAMESPACES, TraceNode, TracePod, read_pods
+from services.trace.synthetic import synthetic_pods
+
+__all__ = ["SimStats", "Simulator", "load_trace", "run_simulation"]
+
+
+@dataclass(slots=True)
+class SimStats:
+    """Progress counters (workloads), for the live view."""
+
+    sim_time: str = ""
+    sim_seconds: float = 0.0
+    submitted: int = 0
+    admitted: int = 0  # admits applied (a re-admitted workload counts again)
+    running: int = 0  # now
+    finished: int = 0
+    evicted: int = 0
+    deleted: int = 0  # deleted by their owner before finishing (trace pods that never ran)
+    waiting: int = 0  # submitted, not running, not done (pending or suspended)
+    gpu_running_milli: int = 0
+    events_published: int = 0
+    actions_seen: int = 0
+    done: bool = False
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+ProgressCallback = Callable[[SimStats], Awaitable[None] | None]
+
+
+def load_trace(trace: str | Path | Sequence[TracePod] | None, *, seed: int = 2023, count: int = 2000) -> list[TracePod]:
+    """A trace path (Alibaba openb pod-list CSV), pods, or None → the synthetic look-alike."""
+    if trace is None or trace == "":
+        return synthetic_pods(count, seed=seed)
+    if isinstance(trace, (str, Path)):
+        return read_pods(trace)
+    return list(trace)
+
+
+@dataclass(slots=True)
+class _State:
+    w: SimWorkload
+    status: str = "new"  # new | waiting | starting | running | suspended | done
+    attempt: int = 0
+    remaining_s: float | None = None
+    started_s: float = 0.0
+    node: str | None = None
+    admit: Envelope | None = None
+
+
+@dataclass(order=True)
+class _Item:
+    due_wall: float
+    sim_s: float
+    seq: int
+    kind: str = field(compare=False)
+    uid: str = field(compare=False, default="")
+    attempt: int = field(compare=False, default=0)
+    cause: Envelope | None = field(compare=False, default=None)
+    phase: str = field(compare=False, default="")
+
+
+class Simulator:
+    """One run. Use :func:`run_simulation` unless you need the pieces (tests do)."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        prefix: str,
+        workloads: Sequence[SimWorkload],
+        *,
+        speed: float = 60.0,
+        duration_s: float | None = None,
+        tick_every_s: float = 60.0,
+        start_delay_s: float = 2.0,
+        nodes: Sequence[TraceNode] = (),
+        namespaces: Sequence[str] = TEAM_NAMESPACES,
+        on_progress: ProgressCallback | None = None,
+        progress_every_s: float = 0.5,
+        tick_holdback_wall_s: float = 1.0,
+    ) -> None:
+        self.bootstrap, self.prefix = bootstrap, prefix
+        self.workloads = {w.uid: _State(w, remaining_s=w.run_s) for w in workloads}
+        self.speed = speed
+        last = max((w.submit_s for w in workloads), default=0.0)
+        self.end_s = duration_s if duration_s is not None else last + tick_every_s
+        self.tick_every_s = tick_every_s
+        self.start_delay_s = start_delay_s
+        self.nodes = list(nodes)
+        self.namespaces = list(namespaces)
+        self.nodes_by_flavor: dict[str, list[str]] = {}
+        for node in self.nodes:
+            self.nodes_by_flavor.setdefault(node.flavor, []).append(node.name)
+        self.on_progress = on_progress
+        self.progress_every_s = progress_every_s
+        self.holdback = tick_holdback_wall_s
+        self.stats = SimStats()
+        self._heap: list[_Item] = []
+        self._seq = itertools.count()
+        self._wake = asyncio.Event()
+        self._seen_actions: set[str] = set()
+        self._clock: Compression | None = None
+        self._bus: Publisher | None = None
+
+    # ------------------------------------------------------------------ scheduling
+
+    def _push(self, kind: str, sim_s: float, *, uid: str = "", attempt: int = 0, cause: Envelope | None = None,
+              phase: str = "", extra_wall: float = 0.0) -> None:
+        assert self._clock is not None
+        due = max(self._clock.wall_for(sim_s) + extra_wall, 0.0)
+        heapq.heappush(self._heap, _Item(due, sim_s, next(self._seq), kind, uid, attempt, cause, phase))
+        self._wake.set()
+
+    def on_action(self, envelope: Envelope) -> None:
+        """Apply one qm.actions command (idempotent on event id)."""
+        if envelope.event_id in self._seen_actions:
+            return
+        self._seen_actions.add(envelope.event_id)
+        payload = envelope.payload
+        st = self.workloads.get(getattr(payload, "workload_uid", ""))
+        if st is None:
+            return
+        self.stats.actions_seen += 1
+        at = (parse_utc(envelope.occurred_at) - SIM_EPOCH).total_seconds()
+        if isinstance(payload, ActionAdmit):
+            if st.status not in ("waiting", "suspended", "new"):
+                return  # already admitted or gone: a duplicate
+            st.attempt += 1
+            st.status = "starting"
+            st.admit = envelope
+            st.node = node_for(st.w, payload.flavors, self.nodes_by_flavor)
+            self.stats.admitted += 1
+            self._push("start", at + self.start_delay_s, uid=st.w.uid, attempt=st.attempt, cause=envelope)
+        elif isinstance(payload, ActionEvict):
+            if st.status not in ("starting", "running"):
+                return
+            self._push("evicted", at + max(payload.grace_period_s, 0), uid=st.w.uid, attempt=st.attempt,
+                       cause=envelope)
+        elif isinstance(payload, ActionCleanup):
+            if st.status == "done":
+                return
+            self._push("delete", at, uid=st.w.uid, attempt=st.attempt, cause=envelope, phase="Deleted")
+
+    # ------------------------------------------------------------------ event handling
+
+    async def _emit(self, topic: str, key: str, envelope: Envelope) -> None:
+        assert self._bus is not None
+        await self._bus.publish(topic, key, envelope)
+        self.stats.events_published += 1
+
+    async def _handle(self, item: _Item) -> None:
+        if item.kind == "tick":
+            await self._emit("qm.clock", "cluster-sim", tick_event(item.sim_s))
+            return
+        st = self.workloads[item.uid]
+        w = st.w
+        if item.kind == "submit":
+            st.status = "waiting"
+            self.stats.submitted += 1
+            await self._emit("qm.cluster", w.uid, submitted_event(w))
+            if w.deadline_s is not None:
+                self._push("delete", w.deadline_s, uid=w.uid, phase="Deleted")
+            return
+        if item.kind == "delete":
+            if st.status == "done":
+                return
+            if st.status == "running":
+                await self._emit("qm.cluster", w.uid, pod_finished(w, st.attempt, item.sim_s, "Deleted", st.node,
+                                                                   item.cause))
+                self._note_stopped(w)
+            st.status = "done"
+            self.stats.deleted += 1
+            await self._emit("qm.cluster", w.uid, workload_finished(w, item.sim_s, False, item.cause))
+            return
+        if item.attempt != st.attempt:
+            return  # scheduled for an earlier admission
+        if item.kind == "start" and st.status == "starting":
+            st.status = "running"
+            st.started_s = item.sim_s
+            self.stats.running += 1
+            self.stats.gpu_running_milli += w.gpu_milli
+            await self._emit("qm.cluster", w.uid, pod_running(w, st.attempt, item.sim_s, st.node or "", item.cause))
+            if st.remaining_s is not None:
+                self._push("finish", item.sim_s + st.remaining_s, uid=w.uid, attempt=st.attempt, cause=item.cause)
+        elif item.kind == "finish" and st.status == "running":
+            st.status = "done"
+            self._note_stopped(w)
+            self.stats.finished += 1
+            phase = "Succeeded" if w.succeeds else "Failed"
+            await self._emit("qm.cluster", w.uid, pod_finished(w, st.attempt, item.sim_s, phase, st.node, item.cause))
+            await self._emit("qm.cluster", w.uid, workload_finished(w, item.sim_s, w.succeeds, item.cause))
+        elif item.kind == "evicted" and st.status in ("starting", "running"):
+            if st.status == "running":
+                if st.remaining_s is not None:
+                    st.remaining_s = max(st.remaining_s - (item.sim_s - st.started_s), 0.0)
+                self._note_stopped(w)
+                await self._emit("qm.cluster", w.uid,
+                                 pod_finished(w, st.attempt, item.sim_s, "Failed", st.node, item.cause))
+            st.status = "suspended"
+            self.stats.evicted += 1
+
+    def _note_stopped(self, w: SimWorkload) -> None:
+        self.stats.running -= 1
+        self.stats.gpu_running_milli -= w.gpu_milli
+
+    # ------------------------------------------------------------------ loop
+
+    async def _consume_actions(self, consumer: AIOKafkaConsumer) -> None:
+        while True:
+            batch = await consumer.getmany(timeout_ms=200)
+            for records in batch.values():
+                for record in records:
+                    try:
+                        envelope = decode(record.value)
+                    except ContractError:
+                        continue  # not ours to dead-letter; the watcher's consumer does that
+                    self.on_action(envelope)
+
+    async def _progress(self, now_sim: float, *, done: bool = False) -> None:
+        self.stats.sim_seconds = now_sim
+        self.stats.sim_time = tick_event(now_sim).occurred_at
+        self.stats.waiting = sum(1 for s in self.workloads.values() if s.status in ("waiting", "suspended", "starting"))
+        self.stats.done = done
+        if self.on_progress is not None:
+            result = self.on_progress(replace(self.stats))
+            if asyncio.iscoroutine(result):
+                await result
+
+    async def run(self) -> SimStats:
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                                    auto_offset_reset="earliest")
+        await consumer.start()
+        topic = self.prefix + "qm.actions"
+        partitions = consumer.partitions_for_topic(topic)
+        if partitions is None:
+            await consumer._client.force_metadata_update()
+            partitions = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        consumer.assign(tps)
+        if tps:
+            await consumer.seek_to_end(*tps)  # earlier runs' commands are not ours
+            for tp in tps:
+                await consumer.position(tp)  # resolve the offsets before anything is published
+        reader = asyncio.create_task(self._consume_actions(consumer))
+        try:
+            async with Publisher(self.bootstrap, self.prefix) as bus:
+                self._bus = bus
+                self._clock = Compression(self.speed, time.monotonic())
+                for envelope in namespace_events(self.namespaces):
+                    await self._emit("qm.cluster", envelope.payload.namespace, envelope)
+                for envelope in node_events(self.nodes):
+                    await self._emit("qm.cluster", envelope.payload.node, envelope)
+                for st in self.workloads.values():
+                    if st.w.submit_s < self.end_s:
+                        self._push("submit", st.w.submit_s, uid=st.w.uid)
+                tick = 0.0
+                while tick <= self.end_s:
+                    self._push("tick", tick, extra_wall=self.holdback)
+                    tick += self.tick_every_s
+                await bus.flush()
+                last_progress = 0.0
+                while self._heap:
+                    now = time.monotonic()
+                    if now - last_progress >= self.progress_every_s:
+                        last_progress = now
+                        await bus.flush()
+                        await self._progress(min(max(self._clock.sim_at(now), 0.0), self.end_s))
+                    head = self._heap[0]
+                    if head.sim_s > self.end_s:
+                        heapq.heappop(self._heap)
+                        continue
+                    if head.due_wall > now:
+                        self._wake.clear()
+                        try:
+                            await asyncio.wait_for(self._wake.wait(), min(head.due_wall - now, 0.2))
+                        except TimeoutError:
+                            pass
+                        if reader.done():
+                            reader.result()  # surface a consumer failure
+                        continue
+                    heapq.heappop(self._heap)
+                    await self._handle(head)
+                await bus.flush()
+                await self._progress(self.end_s, done=True)
+        finally:
+            reader.cancel()
+            try:
+                await reader
+            except (asyncio.CancelledError, Exception):
+                pass
+            await consumer.stop()
+        return self.stats
+
+
+async def run_simulation(
+    bootstrap: str,
+    prefix: str = "",
+    trace: str | Path | Sequence[TracePod] | None = None,
+    speed: float = 60.0,
+    duration_s: float | None = None,
+    *,
+    start_s: int = 0,
+    tick_every_s: float = 60.0,
+    start_delay_s: float = 2.0,
+    nodes: Sequence[TraceNode] | None = None,
+    namespaces: Sequence[str] = TEAM_NAMESPACES,
+    on_progress: ProgressCallback | None = None,
+    progress_every_s: float = 0.5,
+    tick_holdback_wall_s: float = 1.0,
+    seed: int = 2023,
+    count: int = 2000,
+) -> SimStats:
+    """Run the simulator until ``duration_s`` simulated seconds have passed (default: the last
+    submission). ``trace``: an Alibaba pod-list CSV path, pods, or None for the synthetic trace
+    (``count`` pods, ``seed``). ``nodes`` default to the synthetic fleet (use
+    services.trace.read_nodes for the real node list). ``on_progress`` (sync or async) gets a
+    copy of the counters every ``progress_every_s`` wall seconds and once at the end."""
+    pods = load_trace(trace, seed=seed, count=count)
+    workloads = workloads_from_trace(pods, start_s=start_s, duration_s=duration_s)
+    simulator = Simulator(
+        bootstrap, prefix, workloads, speed=speed, duration_s=duration_s, tick_every_s=tick_every_s,
+        start_delay_s=start_delay_s, nodes=synthetic_nodes() if nodes is None else nodes, namespaces=namespaces,
+        on_progress=on_progress, progress_every_s=progress_every_s, tick_holdback_wall_s=tick_holdback_wall_s,
+    )
+    return await simulator.run()

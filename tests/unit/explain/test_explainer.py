@@ -1,0 +1,193 @@
+"""The explainer over hand-built trails, one case per row of the field report's troubleshooting
+table (plus the lifecycle states around them). Pending reasons and messages are the quota
+core's own (services/core/quota/scheduler.py resolve_cluster_queue, snapshot.py, flavors.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.contracts.codec import make_envelope
+from services.contracts.events import (
+    ActionAdmit,
+    LedgerRow,
+    PodRunning,
+    PreemptionVictimsSelected,
+    WorkloadEvicted,
+    WorkloadFinished,
+    WorkloadPending,
+    WorkloadPrefreezeExpired,
+    WorkloadQuotaReserved,
+    WorkloadRejected,
+    WorkloadReleased,
+    WorkloadRequeued,
+    WorkloadSubmitted,
+    WorkloadValidated,
+)
+from services.core.quota import Reason
+from services.explain import Verdict, explain, quota_holders
+
+NS, NAME, UID = "ml-team", "llm-ft", "uid-llm-ft"
+KEY = f"{NS}/{NAME}"
+GPU = "nvidia.com/gpu"
+_n = iter(range(10_000))
+
+
+def at(second: int) -> str:
+    return f"2026-11-29T10:{second // 60:02d}:{second % 60:02d}Z"
+
+
+def env(payload, second: int, producer: str = "test"):
+    return make_envelope(payload, producer=producer, occurred_at=at(second), identity=(next(_n),))
+
+
+def submitted(queue: str | None = "team-ml", *, uid=UID, name=NAME, ns=NS, gpus=16):
+    labels = {"kueue.x-k8s.io/queue-name": queue} if queue else {}
+    return env(WorkloadSubmitted(uid=uid, namespace=ns, name=name, kind="Job", queue_name=queue, labels=labels,
+                                 pod_sets=[{"name": "main", "count": 1, "requests": {GPU: gpus * 1000}}],
+                                 created_at=at(0)), 0, "watcher")
+
+
+def validated(*, uid=UID, name=NAME, ns=NS, cq="gpu-queue", second=1):
+    return env(WorkloadValidated(uid=uid, namespace=ns, name=name, queue_name="team-ml", cluster_queue=cq,
+                                 cohort="ai", priority=0, created_at=at(0),
+                                 pod_sets=[{"name": "main", "count": 1, "requests": {GPU: 16000}}]), second,
+               "admission")
+
+
+def pending(reason: str, message: str, cq: str | None = "gpu-queue", second=2):
+    return env(WorkloadPending(uid=UID, namespace=NS, name=NAME, reason=reason, message=message, cluster_queue=cq),
+               second, "queue-manager")
+
+
+def reserved(*, uid=UID, name=NAME, ns=NS, gpus=16, second=3, cq="gpu-queue"):
+    usage = {"a100-flavor": {GPU: gpus * 1000}}
+    return env(WorkloadQuotaReserved(uid=uid, namespace=ns, name=name, cluster_queue=cq, cohort="ai",
+                                     flavors={"main": {GPU: "a100-flavor"}}, counts={"main": 1}, usage=usage,
+                                     reserved_at=at(second)), second, "queue-manager")
+
+
+def running(*, uid=UID, name=NAME, ns=NS, second=5):
+    return env(PodRunning(uid=f"pod-{uid}", workload_uid=uid, namespace=ns, name=f"{name}-0", started_at=at(second),
+                          node="node-1", workload_name=name, queue_name="team-ml"), second, "watcher")
+
+
+def other_holders():
+    """Two workloads hold 24 GPUs of gpu-queue: one running, one reserved and never running."""
+    return [
+        submitted(uid="u-a", name="big-train", gpus=16), validated(uid="u-a", name="big-train", second=0),
+        reserved(uid="u-a", name="big-train", second=0), running(uid="u-a", name="big-train", second=1),
+        submitted(uid="u-z", name="zombie", gpus=8), validated(uid="u-z", name="zombie", second=0),
+        reserved(uid="u-z", name="zombie", gpus=8, second=0),
+        submitted(uid="u-d", name="done", gpus=4), reserved(uid="u-d", name="done", gpus=4, second=0),
+        env(WorkloadReleased(uid="u-d", namespace=NS, name="done", cluster_queue="gpu-queue", reason="Finished",
+                             usage={"a100-flavor": {GPU: 4000}}, released_at=at(1)), 1),
+    ]
+
+
+CASES = [
+    ("nothing", [], Verdict.NOT_FOUND, "No event"),
+    ("no queue-name label", [submitted(queue=None)], Verdict.NOT_IN_LOCAL_QUEUE, "not in any LocalQueue"),
+    ("LocalQueue missing (core wording)",
+     [submitted(queue="team-x"), pending(str(Reason.INADMISSIBLE), "LocalQueue team-x doesn't exist", cq=None)],
+     Verdict.NOT_IN_LOCAL_QUEUE, "LocalQueue team-x doesn't exist"),
+    ("LocalQueue missing (admission wording)",
+     [submitted(queue="team-x"), pending("Inadmissible", "LocalQueue team-x doesn't exist in namespace ml-team: "
+                                          "create it or fix the kueue.x-k8s.io/queue-name label", cq=None)],
+     Verdict.NOT_IN_LOCAL_QUEUE, "create it or fix"),
+    ("ClusterQueue stopped",
+     [submitted(), validated(), pending(str(Reason.INADMISSIBLE), "ClusterQueue gpu-queue is inactive")],
+     Verdict.CLUSTER_QUEUE_STOPPED, "stopPolicy"),
+    ("rejected by policy",
+     [submitted(), env(WorkloadRejected(uid=UID, namespace=NS, name=NAME, message="namespace ml-team used 28 GPU, "
+                                        "requesting 8, max is 32",
+                                        violations=[{"policy": "namespace-gpu-max", "enforcement_action": "deny",
+                                                     "message": "namespace ml-team used 28 GPU, requesting 8, max is 32"}]),
+                       1, "admission")],
+     Verdict.REJECTED, "policy namespace-gpu-max: namespace ml-team used 28 GPU, requesting 8, max is 32"),
+    ("awaiting admission", [submitted()], Verdict.AWAITING_ADMISSION, "admission has not judged"),
+    ("queued", [submitted(), validated()], Verdict.QUEUED, "not published a decision"),
+    ("waiting for quota",
+     [*other_holders(), submitted(), validated(),
+      pending(str(Reason.WAITING_FOR_QUOTA), "couldn't assign flavors to pod set main: insufficient unused quota for "
+              "nvidia.com/gpu in flavor a100-flavor, 8 more needed")],
+     Verdict.WAITING_FOR_QUOTA, "ml-team/big-train 16 GPU"),
+    ("no flavor matches node affinity",
+     [submitted(), validated(), pending(str(Reason.NO_MATCHING_FLAVOR), "couldn't assign flavors to pod set main: "
+                                        "flavor a100-flavor doesn't match node affinity")],
+     Verdict.NO_MATCHING_FLAVOR, "doesn't match node affinity"),
+    ("quota reserved but no node fits",
+     [submitted(), validated(), reserved(),
+      env(ActionAdmit(workload_uid=UID, namespace=NS, name=NAME, kind="Job",
+                      node_selector={"gpu.nvidia.com/class": "a100"}), 3, "queue-manager")],
+     Verdict.RESERVED_NOT_RUNNING, "gpu.nvidia.com/class=a100"),
+    ("pre-freeze expired",
+     [submitted(), validated(), reserved(),
+      env(WorkloadPrefreezeExpired(uid=UID, namespace=NS, name=NAME, cluster_queue="gpu-queue", reserved_at=at(3),
+                                   expired_at=at(303), idle_s=300.0, usage={"a100-flavor": {GPU: 16000}}, expiries=1),
+          303, "queue-manager"),
+      env(WorkloadRequeued(uid=UID, namespace=NS, name=NAME, reason="PodsReadyTimeout", requeue_at=at(363),
+                           attempt=1, backoff_s=60, cluster_queue="gpu-queue"), 303, "queue-manager")],
+     Verdict.PREFREEZE_EXPIRED, "16 GPU sat idle 300 s"),
+    ("preempted",
+     [submitted(), validated(), reserved(), running(),
+      submitted(uid="u-inf", name="chat-inference", gpus=8),
+      env(PreemptionVictimsSelected(preemptor_uid="u-inf", cohort="ai", victims=[
+          {"uid": UID, "namespace": NS, "name": NAME, "cluster_queue": "gpu-queue", "reason": "InClusterQueue",
+           "policy": "inference-preempts-batch", "grace_period_s": 120}]), 10, "preemption"),
+      env(WorkloadEvicted(uid=UID, namespace=NS, name=NAME, reason="InClusterQueue", evicted_at=at(10),
+                          cluster_queue="gpu-queue", preemptor="u-inf", grace_period_s=120), 10, "preemption")],
+     Verdict.PREEMPTED, "preempted by ml-team/chat-inference (InClusterQueue) with 120 s to checkpoint"),
+    ("running", [submitted(), validated(), reserved(), running()], Verdict.RUNNING, "is running on a100-flavor"),
+    ("finished and billed",
+     [submitted(), validated(), reserved(), running(),
+      env(WorkloadFinished(uid=UID, namespace=NS, name=NAME, succeeded=True, finished_at=at(900)), 900, "watcher")],
+     Verdict.FINISHED, "succeeded"),
+]
+
+
+@pytest.mark.parametrize(("trail", "verdict", "phrase"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_troubleshooting_table(trail, verdict, phrase):
+    result = explain(KEY, list(reversed(trail)))  # input order does not matter: event time does
+    assert result.verdict == verdict, result.answer
+    assert phrase in result.answer
+    assert result.next_steps or verdict in (Verdict.RUNNING, Verdict.FINISHED)
+    assert [s.at for s in result.timeline] == sorted(s.at for s in result.timeline)
+    result.to_dict()
+
+
+def test_waiting_for_quota_names_holders_and_flags_idle_reservations():
+    trail = [*other_holders(), submitted(), validated(),
+             pending(str(Reason.WAITING_FOR_QUOTA), "insufficient unused quota for nvidia.com/gpu in flavor "
+                     "a100-flavor, 8 more needed")]
+    result = explain(KEY, trail)
+    assert [(h.workload, h.gpu_milli, h.running) for h in result.holders] == [
+        ("ml-team/big-train", 16000, True), ("ml-team/zombie", 8000, False)]
+    assert "ml-team/zombie" in result.next_steps[0] and "TTL" in result.next_steps[0]
+    assert "reserved, NOT running" in result.answer
+
+
+def test_holders_include_cohort_borrowers_after_own_queue():
+    trail = [reserved(uid="u-1", name="mine", gpus=4), reserved(uid="u-2", name="theirs", gpus=12, cq="other-queue")]
+    holders = quota_holders(trail, cluster_queue="gpu-queue")
+    assert [(h.workload, h.same_cluster_queue) for h in holders] == [("ml-team/mine", True), ("ml-team/theirs", False)]
+
+
+def test_billing_rows_are_summed_once_per_row():
+    row = LedgerRow(row_id="r1", BilledCost="2.5", EffectiveCost="2.5", ListCost="3", ContractedCost="2.5",
+                    BillingCurrency="USD", ChargePeriodStart=at(0), ChargePeriodEnd=at(3599),
+                    ChargeCategory="Usage", ChargeDescription="x", PricingQuantity="1.25", PricingUnit="GPU-Hours",
+                    ConsumedQuantity="1.25", ConsumedUnit="GPU-Hours", ResourceId=UID, SubAccountId=NS, SkuId="a100",
+                    ServiceCategory="AI and Machine Learning", Tags={}, x_CostCenter="cc-ml", x_UsageKind="running",
+                    x_GpuHours="1.25")
+    billed = env(row, 900, "cost-accounting")
+    trail = [submitted(), validated(), reserved(), running(), billed, billed,
+             env(WorkloadFinished(uid=UID, namespace=NS, name=NAME, succeeded=True, finished_at=at(900)), 900)]
+    result = explain(KEY, trail)
+    assert result.billed["gpu_hours"] == 1.25 and result.billed["cost"] == 2.5
+    assert "1.25 GPU-hours" in result.answer
+    assert sum(s.what == "billed" for s in result.timeline) == 1
+
+
+def test_key_must_name_namespace_and_workload():
+    with pytest.raises(ValueError):
+        explain("llm-ft", [])
