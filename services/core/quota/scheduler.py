@@ -372,7 +372,11 @@ class _Scheduler:
                 # and so does a workload with the same pod sets and the same standing as a
                 # preemptor (the nomination reads nothing else of the workload)
                 cache = snap.tree_cache(cq.root_key)
-                nkey = ("nomination", _preemptor_key(cq, Preemptor(wl.key, cq.name, wl.priority, wl.created_at), now), wl.pod_sets)
+                nkey = (
+                    "nomination",
+                    _preemptor_key(cq, Preemptor(wl.key, cq.name, wl.priority, wl.created_at), now),
+                    wl.pod_sets,
+                )
                 hit = cache.get(nkey)
                 if hit is None:
                     hit = _assign(snap, wl, cq, now)
@@ -495,6 +499,7 @@ class _Scheduler:
             self.queues.pos = {cq: 0 for cq in self.queues.order}
 
     def result(self, cycles: int) -> CycleResult:
+        self.snap.drop_caches()
         return CycleResult(tuple(self.decisions[k] for k in self.order), self.snap, cycles)
 
 

@@ -160,6 +160,10 @@ class Snapshot:
             self._caches[root_key] = entry
         return entry[1]
 
+    def drop_caches(self) -> None:
+        """Forget all memos (the scheduler does before handing its snapshot back)."""
+        self._caches = {}
+
     # ------------------------------------------------------------------ usage
 
     def add_workload(self, wl: AdmittedWorkload) -> None:

@@ -1,0 +1,100 @@
+"""The scheduler's memos (nominations, flavor searches, oracle answers, reclaim candidates,
+all keyed by the cohort tree's fingerprint) must never change a decision."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from quota_builders import T0, make_cq, make_flavor, make_lq, make_wl
+
+from services.core.quota import build_snapshot, drain, load_objects, run_cycles
+from services.core.quota.snapshot import AdmittedWorkload, Snapshot
+
+FLAVORS = ("f1", "f2")
+
+
+@st.composite
+def crowded(draw):
+    """Few distinct workload shapes, many copies: the memos hit often."""
+    n_cqs = draw(st.integers(2, 4))
+    docs = [make_flavor(f) for f in FLAVORS]
+    for i in range(n_cqs):
+        name = f"cq{i}"
+        cq = make_cq(name).cohort("c")
+        for f in FLAVORS:
+            nominal = draw(st.integers(0, 6))
+            borrowing = draw(st.one_of(st.none(), st.integers(0, 4)))
+            cq = cq.gpu(f, nominal, borrowing, draw(st.one_of(st.none(), st.integers(0, nominal))))
+        within = draw(st.sampled_from([None, "LowerPriority", "LowerOrNewerEqualPriority"]))
+        reclaim = draw(st.sampled_from([None, "LowerPriority", "Any"]))
+        borrow = draw(st.sampled_from([None, "LowerPriority"])) if reclaim else None
+        if within or reclaim or borrow:
+            cq = cq.preemption(within=within, reclaim=reclaim, borrow_within=borrow)
+        if draw(st.booleans()):
+            cq = cq.strict_fifo()
+        docs.append(cq.obj())
+        docs.append(make_lq(name, name))
+    n_admitted = draw(st.integers(0, 6))
+    for j in range(n_admitted):
+        q = f"cq{draw(st.integers(0, n_cqs - 1))}"
+        wl = make_wl(f"a{j}").queue(q).priority(draw(st.sampled_from([0, 5]))).created(j)
+        wl = wl.gpu(draw(st.integers(1, 2))).admitted(q, draw(st.sampled_from(FLAVORS)), at=j)
+        docs.append(wl.obj())
+    for j in range(draw(st.integers(1, 30))):
+        q = f"cq{draw(st.integers(0, n_cqs - 1))}"
+        wl = make_wl(f"w{j}").queue(q).priority(draw(st.sampled_from([0, 5, 10]))).created(100 + j % 3)
+        count = draw(st.integers(1, 2))
+        wl = wl.podset("main", count, min_count=draw(st.sampled_from([None, 1])), gpu=draw(st.integers(1, 3)))
+        docs.append(wl.obj())
+    return docs, draw(st.sampled_from(["drain", "cycles"]))
+
+
+def _run(docs, mode):
+    objects = load_objects(("m.yaml", d) for d in docs)
+    snap = build_snapshot(objects)
+    pending = [w for w in objects.workloads if w.admission is None]
+    if mode == "drain":
+        return drain(snap, pending, T0)
+    return run_cycles(snap, pending, T0, cycles=5)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(crowded())
+def test_memoised_and_uncached_runs_decide_identically(scenario):
+    docs, mode = scenario
+    cached = _run(docs, mode)
+    with mock.patch.object(Snapshot, "tree_cache", lambda self, root_key: {}):  # every lookup misses
+        uncached = _run(docs, mode)
+    assert cached.decisions == uncached.decisions
+    assert cached.cycles == uncached.cycles
+    assert cached.snapshot.usage() == uncached.snapshot.usage()
+
+
+def _snapshot():
+    docs = [make_flavor("f1")]
+    for name in ("a", "b"):
+        docs += [make_cq(name).cohort("c").gpu("f1", 4).obj(), make_lq(name, name)]
+    docs.append(make_wl("x").queue("a").gpu(2).admitted("a", "f1").obj())
+    return build_snapshot(load_objects(("m.yaml", d) for d in docs))
+
+
+def test_fingerprint_follows_the_admitted_set_and_survives_simulation():
+    snap = _snapshot()
+    root = snap.cluster_queues["a"].root_key
+    assert root == snap.root_name("a") == snap.cluster_queues["b"].root_key
+    before = snap.fingerprint(root)
+    memo = snap.tree_cache(root)
+    memo["k"] = 1
+    undo = snap.simulate_removal(list(snap.workloads))
+    assert snap.fingerprint(root) != before
+    undo()
+    assert snap.fingerprint(root) == before
+    assert snap.tree_cache(root) == {"k": 1}  # same admitted set, same state: memo still valid
+    extra = AdmittedWorkload("ns/y", "b", 0, ((("f1", "nvidia.com/gpu"), 1000),))
+    snap.add_workload(extra)
+    assert snap.tree_cache(root) == {}
+    copy = snap.copy()
+    assert copy.fingerprint(root) == snap.fingerprint(root)
+    assert copy.tree_cache(root) == {}  # memos are never shared with copies
