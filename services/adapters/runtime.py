@@ -8,12 +8,17 @@ state in `table()`s and stores it with `apply_once()`; it never talks to aiokafk
 from __future__ import annotations
 
 import logging
+import os
+import weakref
 from collections.abc import Awaitable, Callable, Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import faust
+from faust.streams import _current_event as _faust_current_event
+from faust.streams import current_event
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
 from services.adapters import logs
@@ -31,6 +36,42 @@ DUPLICATES_SKIPPED = Counter("qm_duplicate_events_skipped_total", "Redelivered e
 # How many recent event ids each table key remembers. Redelivery after a crash only replays
 # what was consumed since the last offset commit (a few seconds), far fewer than this per key.
 SEEN_WINDOW = 4096
+
+
+class _Batch:
+    """What one batch of events has staged: output acknowledgements to wait for, and table
+    values to store once they have arrived."""
+
+    def __init__(self) -> None:
+        self.acks: list[Any] = []
+        self.writes: dict[tuple[int, str], tuple[Any, str, Any, Any]] = {}
+
+    def staged(self, table: Any, key: str) -> Any:
+        hit = self.writes.get((id(table), key))
+        return hit[2] if hit else None
+
+    async def commit(self) -> None:
+        """Outputs acknowledged, then states written to their changelogs *and acknowledged*,
+        before the stream may move past (and later commit) these events. faust's own
+        `table[key] = value` only buffers the changelog record, and its flush before an offset
+        commit gives up after 100 ms, so a SIGKILL could commit offsets whose state was never
+        written: we wait for the changelog acks ourselves."""
+        for ack in self.acks:
+            await ack
+        changelog_acks = []
+        for table, key, value, event in self.writes.values():
+            # faust keys a table's changelog partition and its store on "the current event".
+            token = _faust_current_event.set(weakref.ref(event))
+            try:
+                changelog_acks.append(table.send_changelog(event.message.partition, key, value))
+                table.data[key] = value
+            finally:
+                _faust_current_event.reset(token)
+        for ack in changelog_acks:
+            await ack
+
+
+_current_batch: ContextVar[_Batch | None] = ContextVar("qm_batch", default=None)
 
 
 class TemporaryError(Exception):
@@ -71,6 +112,8 @@ class ServiceRuntime:
             **faust_options,
         )
         self._topics: dict[str, faust.TopicT] = {}
+        self.batch_size = int(os.environ.get("QM_BATCH_SIZE", 500))
+        self.batch_within_s = float(os.environ.get("QM_BATCH_WITHIN_S", 0.02))
         self._register_pages()
 
     # -- topics -------------------------------------------------------------------------
@@ -89,8 +132,14 @@ class ServiceRuntime:
             )
         return self._topics[name]
 
-    def consume(self, topic_name: str, handler: Handler, *, agent_name: str | None = None) -> None:
+    def consume(
+        self, topic_name: str, handler: Handler, *, agent_name: str | None = None, batched: bool = False
+    ) -> None:
         """Run `handler(envelope, event)` for every readable message of a topic.
+
+        `batched=True` stages table writes per batch of up to QM_BATCH_SIZE events: only for
+        an agent that is the sole writer of its tables (another agent would not see the
+        staged values).
 
         Unreadable or invalid messages go to `<topic>.dlq` with the reason in headers, and
         the stream goes on. A handler's unexpected exception dead-letters that message too
@@ -98,28 +147,55 @@ class ServiceRuntime:
         source = self.topic(topic_name)
         runtime = self
 
+        async def handle(event) -> None:
+            MESSAGES_CONSUMED.labels(runtime.settings.service, topic_name).inc()
+            token = _faust_current_event.set(weakref.ref(event))
+            try:
+                await handle_current(event)
+            finally:
+                _faust_current_event.reset(token)
+
+        async def handle_current(event) -> None:
+            try:
+                envelope = decode(event.value)
+            except ContractError as error:
+                await runtime.dead_letter(topic_name, event, f"contract: {error}", kind="contract")
+                return
+            try:
+                await handler(envelope, event)
+            except TemporaryError:
+                raise  # let faust crash and restart the agent: the message is redelivered
+            except Exception as error:  # noqa: BLE001 - a handler bug must not stop the stream
+                runtime.log.exception(
+                    "handler failed; message dead-lettered",
+                    event_id=envelope.event_id,
+                    event_type=envelope.event_type,
+                    topic=topic_name,
+                )
+                await runtime.dead_letter(
+                    topic_name, event, f"handler: {type(error).__name__}: {error}", kind="handler"
+                )
+
+        async def batches(stream):
+            if not batched:
+                async for event in stream.events():
+                    yield [event]
+            else:
+                async for events in stream.take_events(runtime.batch_size, within=runtime.batch_within_s):
+                    yield events
+
         async def agent(stream):
-            async for event in stream.events():
-                MESSAGES_CONSUMED.labels(runtime.settings.service, topic_name).inc()
+            # Outputs of a batch are awaited together, then its states stored: apply_once's
+            # order, one broker round trip per batch instead of one per event.
+            async for events in batches(stream):
+                batch = _Batch()
+                token = _current_batch.set(batch)
                 try:
-                    envelope = decode(event.value)
-                except ContractError as error:
-                    await runtime.dead_letter(topic_name, event, f"contract: {error}", kind="contract")
-                    continue
-                try:
-                    await handler(envelope, event)
-                except TemporaryError:
-                    raise  # let faust crash and restart the agent: the message is redelivered
-                except Exception as error:  # noqa: BLE001 - a handler bug must not stop the stream
-                    runtime.log.exception(
-                        "handler failed; message dead-lettered",
-                        event_id=envelope.event_id,
-                        event_type=envelope.event_type,
-                        topic=topic_name,
-                    )
-                    await runtime.dead_letter(
-                        topic_name, event, f"handler: {type(error).__name__}: {error}", kind="handler"
-                    )
+                    for event in events:
+                        await handle(event)
+                    await batch.commit()
+                finally:
+                    _current_batch.reset(token)
 
         agent.__name__ = agent_name or f"consume_{topic_name.replace('.', '_')}"
         self.app.agent(source, name=agent.__name__)(agent)
@@ -143,10 +219,15 @@ class ServiceRuntime:
         await fut
 
     async def publish(self, outputs: Iterable[Output]) -> None:
-        """Send outputs and wait until the broker has them (see apply_once for why)."""
+        """Send outputs; they are acknowledged by the broker before any state of the same
+        batch is stored (see apply_once for why). Outside a batch, wait right here."""
         pending = [
             await self.topic(o.topic).send(key=o.key.encode(), value=encode(o.envelope)) for o in outputs
         ]
+        batch = _current_batch.get()
+        if batch is not None:
+            batch.acks.extend(pending)
+            return
         for fut in pending:
             await fut
 
@@ -170,14 +251,25 @@ class ServiceRuntime:
         seen id) was written after its outputs, or the event is redelivered and recomputed,
         and its outputs carry the same deterministic ids for downstream dedupe.
         Returns False for a duplicate."""
-        entry = table.get(key) or {"state": None, "seen": []}
+        batch = _current_batch.get()
+        entry = self.entry(table, key)
         if envelope.event_id in entry["seen"]:
             DUPLICATES_SKIPPED.labels(self.settings.service, table.name).inc()
             return False
         state, outputs = fold(entry["state"], envelope)
         await self.publish(outputs)
-        table[key] = {"state": state, "seen": [*entry["seen"][-(SEEN_WINDOW - 1) :], envelope.event_id]}
+        new_entry = {"state": state, "seen": [*entry["seen"][-(SEEN_WINDOW - 1) :], envelope.event_id]}
+        if batch is not None:
+            batch.writes[(id(table), key)] = (table, key, new_entry, current_event())
+        else:
+            table[key] = new_entry
         return True
+
+    def entry(self, table: faust.Table, key: str) -> dict:
+        """A key's {"state", "seen"} as this batch sees it (staged writes first)."""
+        batch = _current_batch.get()
+        staged = batch.staged(table, key) if batch is not None else None
+        return staged or table.get(key) or {"state": None, "seen": []}
 
     # -- http ---------------------------------------------------------------------------
 

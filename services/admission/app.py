@@ -17,10 +17,10 @@ import signal
 from prometheus_client import Counter
 
 from services.adapters.kueue_config import KueueConfig
+from services.adapters.live_replica import LiveReplica
 from services.adapters.runtime import Output, ServiceRuntime
 from services.adapters.settings import Settings
 from services.admission import translate
-from services.admission.replica import LiveReplica
 from services.contracts.codec import Envelope, make_envelope
 from services.contracts.events import WorkloadSubmitted
 from services.policy import EnforcementPoint, evaluate

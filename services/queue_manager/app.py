@@ -19,6 +19,7 @@ from services.adapters.settings import Settings
 from services.contracts.codec import Envelope, make_envelope
 from services.contracts.events import (
     ClockTick,
+    PodFinished,
     PodRunning,
     PreemptionVictimsSelected,
     WorkloadFinished,
@@ -67,33 +68,40 @@ async def on_workload_event(envelope: Envelope, event) -> None:
     key = event.key.decode() if event.key else envelope.payload.uid
     applied = await runtime.apply_once(cohorts, key, envelope, lambda s, e: fold.apply(s, e, context))
     if applied and envelope.event_type == "workload.validated.v1":
-        state = cohorts[key]["state"]
+        state = runtime.entry(cohorts, key)["state"]
         if envelope.payload.uid in state["admitted"]:
             ADMITTED_TOTAL.labels(state["admitted"][envelope.payload.uid]["cluster_queue"]).inc()
         _observe(state)
 
 
 async def on_cluster_event(envelope: Envelope, event) -> None:
-    """Lifecycle facts about a workload move to the partition that owns its cohort."""
+    """Lifecycle facts about a workload move to the partition that owns its cohort, so every
+    reader of qm.workloads (this fold, cost-accounting) sees one cohort's story in one order.
+    Pod events travel as they are (cost bills pods that start at different times) and the
+    first running pod also becomes workload.running for the fold."""
     payload = envelope.payload
-    if isinstance(payload, PodRunning):
+    if isinstance(payload, PodRunning | PodFinished):
         key = config.routing_key(payload.namespace, payload.queue_name)
-        rekeyed = WorkloadRunning(
-            uid=payload.workload_uid, namespace=payload.namespace, name=payload.workload_name or payload.workload_uid,
-            started_at=payload.started_at,
-        )
+        forwarded = [payload]
+        if isinstance(payload, PodRunning):
+            forwarded.append(WorkloadRunning(
+                uid=payload.workload_uid, namespace=payload.namespace,
+                name=payload.workload_name or payload.workload_uid, started_at=payload.started_at))
     elif isinstance(payload, WorkloadFinished):
         key = config.routing_key(payload.namespace, payload.queue_name, payload.cluster_queue)
-        rekeyed = payload
+        forwarded = [payload]
     else:
         return
     if key is None:
         runtime.log.warning("lifecycle event for a workload in no known queue", event_id=envelope.event_id,
                             namespace=payload.namespace)
         return
-    out = make_envelope(rekeyed, producer=fold.PRODUCER, occurred_at=envelope.occurred_at,
-                        identity=(envelope.event_id, "rekeyed"), cause=envelope)
-    await runtime.publish([Output("qm.workloads", key, out)])
+    await runtime.publish([
+        Output("qm.workloads", key, make_envelope(p, producer=fold.PRODUCER, occurred_at=envelope.occurred_at,
+                                                  identity=(envelope.event_id, "rekeyed", p.EVENT_TYPE),
+                                                  cause=envelope))
+        for p in forwarded
+    ])
 
 
 async def on_clock_tick(envelope: Envelope, event) -> None:
@@ -116,7 +124,7 @@ async def on_preemption_event(envelope: Envelope, event) -> None:
     await runtime.publish([Output("qm.workloads", envelope.payload.cohort, out)])
 
 
-runtime.consume("qm.workloads", on_workload_event)
+runtime.consume("qm.workloads", on_workload_event, batched=True)  # the cohort table's only writer
 runtime.consume("qm.preemption", on_preemption_event)
 runtime.consume("qm.cluster", on_cluster_event)
 runtime.consume("qm.clock", on_clock_tick)

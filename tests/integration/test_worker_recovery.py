@@ -114,7 +114,7 @@ async def test_sigkill_mid_stream_loses_nothing_and_applies_nothing_twice(kafka_
             return seen == expected
 
         try:
-            await wait_for(caught_up, 120, "the restarted worker to reach the uninterrupted table")
+            await wait_for(caught_up, 300, "the restarted worker to reach the uninterrupted table")
         finally:
             assert seen == expected, restarted.log()
     finally:

@@ -1,4 +1,4 @@
-"""The admission service's read-only replicas: live usage (qm.usage), budgets (qm.budgets) and
+"""Read-only replicas for admission (and cost):  live usage (qm.usage), budgets (qm.budgets) and
 namespace labels (namespace.labels.v1 on qm.cluster), kept current by a consumer that reads
 every partition without a consumer group, so each admission replica sees everything.
 
