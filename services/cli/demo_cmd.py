@@ -97,10 +97,7 @@ def _wait_ready(port: int, process: subprocess.Popen, timeout_s: float = 60) -> 
     raise RuntimeError("the queue-manager did not become ready in 60 s")
 
 
-def demo(
-    bootstrap: str = typer.Option(os.environ.get("QM_KAFKA_BOOTSTRAP", "127.0.0.1:9092"), "--bootstrap"),
-    wait_s: float = typer.Option(20.0, "--wait", help="How long to wait for the decisions."),
-) -> None:
+def seed_demo(bootstrap: str, wait_s: float = 20.0) -> None:
     """Play the field report's seed scenario through the queue-manager on the local broker."""
     run = uuid.uuid4().hex[:8]
     prefix = f"demo-{run}."
@@ -146,6 +143,39 @@ def demo(
         "Coming next (issues 5-9): admission policies on the bus, preemption, the GPU-hour bill, "
         "the trace-driven simulator with a live view, and `qm explain`."
     )
+
+
+def demo(
+    scenario: str = typer.Option("trace", "--scenario", help="trace: the simulated cluster; seed: the field report step by step."),
+    bootstrap: str = typer.Option(os.environ.get("QM_KAFKA_BOOTSTRAP", "127.0.0.1:9092"), "--bootstrap"),
+    speed: float = typer.Option(600.0, "--speed", help="Simulated seconds per wall second."),
+    duration_h: float = typer.Option(4.0, "--duration", help="Simulated hours to run (trace scenario)."),
+    pods: int = typer.Option(400, "--pods", help="Pods in the generated trace (ignored with TRACE)."),
+    trace: str = typer.Option(os.environ.get("TRACE", ""), "--trace", envvar="TRACE",
+                              help="An Alibaba GPU pod-list CSV to replay instead of the generated trace."),
+    live: bool = typer.Option(True, "--live/--no-live", help="Show the live terminal view."),
+    report_path: str = typer.Option("", "--report", help="Where to write the HTML report (default reports/)."),
+) -> None:
+    """Run Quartermaster on the local broker: admission, queue-manager, preemption and
+    cost-accounting, driven by a simulated GPU cluster replaying a trace. Prints a live view,
+    then a summary, and writes an HTML report with charts."""
+    if scenario == "seed":
+        seed_demo(bootstrap)
+        return
+    if scenario != "trace":
+        raise typer.BadParameter("use --scenario trace or --scenario seed", param_hint="--scenario")
+    from services.demo.run import DemoOptions, run_demo
+
+    options = DemoOptions(bootstrap=bootstrap, speed=speed, duration_s=duration_h * 3600, pods=pods,
+                          trace=trace or None, live=live, report_path=Path(report_path) if report_path else None)
+    try:
+        asyncio.run(run_demo(options, console))
+    except BrokerUnavailable as error:
+        typer.echo(f"qm demo: {error}", err=True)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        console.print("stopped; the services were shut down")
+        raise typer.Exit(130) from None
 
 
 def register(app: typer.Typer) -> None:

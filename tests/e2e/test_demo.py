@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_qm_demo_plays_the_seed_scenario(kafka_bootstrap):
     result = subprocess.run(
-        [sys.executable, "-m", "services.cli.main", "demo", "--bootstrap", kafka_bootstrap],
+        [sys.executable, "-m", "services.cli.main", "demo", "--scenario", "seed", "--bootstrap", kafka_bootstrap],
         cwd=REPO, env={**os.environ, "COLUMNS": "200"}, capture_output=True, text=True, timeout=180,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -23,3 +23,23 @@ def test_qm_demo_plays_the_seed_scenario(kafka_bootstrap):
     assert "insufficient unused quota for nvidia.com/gpu in flavor a100-flavor, 8 more needed" in out
     assert "idle 300 s holding 4 GPU" in out
     assert "backoff 60 s" in out
+
+
+def test_qm_demo_runs_the_services_on_a_simulated_cluster_and_writes_a_report(kafka_bootstrap, tmp_path):
+    report = tmp_path / "report.html"
+    result = subprocess.run(
+        [sys.executable, "-m", "services.cli.main", "demo", "--no-live", "--duration", "1", "--pods", "120",
+         "--speed", "600", "--bootstrap", kafka_bootstrap, "--report", str(report)],
+        cwd=REPO, env={**os.environ, "COLUMNS": "200"}, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = {}
+    for line in result.stdout.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if len(cells) == 2:
+            summary[cells[0]] = cells[1]
+    assert int(summary["submitted"]) == 120
+    assert int(summary["admitted"]) > 0 and int(summary["ledger rows"]) > 0
+    page = report.read_text()
+    assert page.count("<svg") == 4  # utilization/queue, wait, usage by team, cost by cost center
+    assert "GPU-hours by team" in page and "Cost by cost center" in page

@@ -1,0 +1,64 @@
+"""Start and stop the services as processes on one machine, each with its own web port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+# The watcher's place is taken by the simulator when no cluster is given.
+SERVICES = ("admission", "queue-manager", "preemption", "cost-accounting")
+
+
+@dataclass
+class Stack:
+    run_dir: Path
+    env: dict[str, str]
+    base_port: int = 6170
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    def port(self, service: str) -> int:
+        return self.base_port + SERVICES.index(service)
+
+    def start(self) -> None:
+        for service in SERVICES:
+            module = "services." + service.replace("-", "_")
+            env = {**os.environ, **self.env, "QM_WEB_PORT": str(self.port(service)), "PYTHONPATH": str(REPO)}
+            log = open(self.run_dir / f"{service}.log", "wb")  # noqa: SIM115 - closed with the process
+            self.processes[service] = subprocess.Popen(
+                [sys.executable, "-m", module, "worker", "--loglevel", "warn"],
+                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+            )
+
+    def wait_ready(self, timeout_s: float = 90) -> None:
+        deadline = time.monotonic() + timeout_s
+        waiting = set(SERVICES)
+        while waiting and time.monotonic() < deadline:
+            for service in list(waiting):
+                process = self.processes[service]
+                if process.poll() is not None:
+                    raise RuntimeError(f"{service} exited during start; see {self.run_dir / (service + '.log')}")
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{self.port(service)}/readyz", timeout=1):
+                        waiting.discard(service)
+                except OSError:
+                    pass
+            time.sleep(0.3)
+        if waiting:
+            raise RuntimeError(f"not ready after {timeout_s:.0f}s: {', '.join(sorted(waiting))}; logs in {self.run_dir}")
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
