@@ -184,10 +184,18 @@ async def test_two_replicas_and_a_sigkill_in_a_5000_burst_keep_every_invariant(k
         first.kill()
         restarted = start_worker("services.queue_manager", environment, tmp_path / "qm-a2.log")
         restarted.wait_ready()
-        async def settled():
-            return held_reservations(await events_on(kafka_bootstrap, topic_prefix + "qm.workloads")) == expected
+        diff = {}
 
-        await wait_for(settled, 240, "the replicas to reach the uninterrupted run's reservations")
+        async def settled():
+            held = held_reservations(await events_on(kafka_bootstrap, topic_prefix + "qm.workloads"))
+            diff.update(extra=sorted(held - expected)[:10], missing=sorted(expected - held)[:10],
+                        n_extra=len(held - expected), n_missing=len(expected - held))
+            return held == expected
+
+        try:
+            await wait_for(settled, 240, "the replicas to reach the uninterrupted run's reservations")
+        except AssertionError as error:
+            raise AssertionError(f"{error}: {diff}") from None
     finally:
         first.stop()
         second.stop()
