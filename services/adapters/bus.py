@@ -7,9 +7,11 @@ hard-codes a topic.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -19,6 +21,8 @@ from services.contracts.codec import ContractError, Envelope, decode, encode
 from services.contracts.schemas import TopicSpec, dlq_retention_ms, topic_specs
 
 # Headers on a dead-lettered message: why it was refused and where it came from.
+log = logging.getLogger("qm.bus")
+
 DLQ_ERROR = "qm-error"
 DLQ_SOURCE_TOPIC = "qm-source-topic"
 DLQ_SOURCE_PARTITION = "qm-source-partition"
@@ -195,3 +199,49 @@ async def read_envelopes(bootstrap: str, topic: str) -> AsyncIterator[tuple[RawR
             yield record, decode(record.value)
         except ContractError as error:
             yield record, error
+
+
+async def follow(
+    bootstrap: str,
+    topics: list[str],
+    on_payload: Callable[[Any], None],
+    caught_up: asyncio.Event | None = None,
+) -> None:
+    """Apply every record's payload of `topics` from the beginning, then keep following, with
+    no consumer group: every process that follows sees every partition (read-only replicas,
+    configuration). `caught_up` is set once the end offsets seen at start are reached.
+    Unreadable records are logged and skipped (their producer dead-letters nothing here)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        tps = []
+        for topic in topics:
+            partitions = consumer.partitions_for_topic(topic)
+            while partitions is None:
+                await consumer._client.force_metadata_update()
+                partitions = consumer.partitions_for_topic(topic)
+                if partitions is None:
+                    await asyncio.sleep(0.5)
+            tps += [TopicPartition(topic, p) for p in partitions]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        end = await consumer.end_offsets(tps)
+        behind = {tp for tp in tps if end[tp] > 0}
+        if caught_up is not None and not behind:
+            caught_up.set()
+        while True:
+            batch = await consumer.getmany(timeout_ms=500)
+            for records in batch.values():
+                for record in records:
+                    try:
+                        on_payload(decode(record.value).payload)
+                    except ContractError as error:
+                        log.warning("unreadable record on %s skipped: %s", record.topic, error)
+            if caught_up is not None and not caught_up.is_set():
+                for tp in list(behind):
+                    if await consumer.position(tp) >= end[tp]:
+                        behind.discard(tp)
+                if not behind:
+                    caught_up.set()
+    finally:
+        await consumer.stop()

@@ -8,15 +8,10 @@ It is the webhook's `LiveState` too: both paths evaluate against the same replic
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-
-from services.contracts.codec import ContractError, decode
+from services.adapters.bus import follow
 from services.contracts.events import BudgetStatus, NamespaceLabels, UsageSnapshot
-
-log = logging.getLogger("qm.admission.replica")
 
 
 class LiveReplica:
@@ -28,7 +23,6 @@ class LiveReplica:
         self.usages: dict[str, dict[str, Any]] = {}
         self.budgets: dict[str, dict[str, Any]] = {}
         self.caught_up = asyncio.Event()
-        self._consumer: AIOKafkaConsumer | None = None
 
     # -- LiveState --------------------------------------------------------------------
     def namespace(self, name: str) -> dict[str, Any] | None:
@@ -76,40 +70,5 @@ class LiveReplica:
                 }
 
     async def run(self) -> None:
-        """Read every partition from the beginning, then follow; set caught_up at the end offsets."""
-        consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, enable_auto_commit=False,
-                                    auto_offset_reset="earliest")
-        self._consumer = consumer
-        await consumer.start()
-        try:
-            tps = []
-            for topic in self._topics.values():
-                partitions = consumer.partitions_for_topic(topic)
-                while partitions is None:
-                    await consumer._client.force_metadata_update()
-                    partitions = consumer.partitions_for_topic(topic)
-                    if partitions is None:
-                        await asyncio.sleep(0.5)
-                tps += [TopicPartition(topic, p) for p in partitions]
-            consumer.assign(tps)
-            await consumer.seek_to_beginning(*tps)
-            end = await consumer.end_offsets(tps)
-            behind = {tp for tp in tps if end[tp] > 0}
-            if not behind:
-                self.caught_up.set()
-            while True:
-                batch = await consumer.getmany(timeout_ms=500)
-                for records in batch.values():
-                    for record in records:
-                        try:
-                            self.apply(decode(record.value).payload)
-                        except ContractError as error:
-                            log.warning("unreadable replica record skipped: %s", error)
-                if not self.caught_up.is_set():
-                    for tp in list(behind):
-                        if await consumer.position(tp) >= end[tp]:
-                            behind.discard(tp)
-                    if not behind:
-                        self.caught_up.set()
-        finally:
-            await consumer.stop()
+        """Read every partition from the beginning, then follow; caught_up at the end offsets."""
+        await follow(self._bootstrap, list(self._topics.values()), self.apply, self.caught_up)

@@ -6,7 +6,9 @@
                       workload.pending.v1 (Inadmissible) when the LocalQueue does not exist.
     QM_WEBHOOK_PORT set -> the same evaluator also serves /validate and /mutate (HTTPS when
     QM_WEBHOOK_CERT and QM_WEBHOOK_KEY are given).
-Policies load from QM_POLICY_DIR; `kill -HUP` reloads them, keeping the last good set on error.
+Policies load from QM_POLICY_DIR at start; a new set published on qm.config (`qm config publish`)
+replaces policies and queues together; `kill -HUP` reloads the directory. An invalid set is
+refused and the last good one stays active.
 """
 
 from __future__ import annotations
@@ -16,14 +18,18 @@ import signal
 
 from prometheus_client import Counter
 
+from services.adapters import config_set
+from services.adapters.bus import follow
 from services.adapters.kueue_config import KueueConfig
 from services.adapters.live_replica import LiveReplica
 from services.adapters.runtime import Output, ServiceRuntime
 from services.adapters.settings import Settings
 from services.admission import translate
 from services.contracts.codec import Envelope, make_envelope
-from services.contracts.events import WorkloadSubmitted
+from services.contracts.events import ConfigSnapshot, WorkloadSubmitted
+from services.core.quota import ConfigError
 from services.policy import EnforcementPoint, evaluate
+from services.policy.errors import PolicyError
 from services.policy.store import PolicyStore
 from services.policy.views import cost_center_of
 
@@ -85,6 +91,28 @@ runtime.consume("qm.cluster", on_cluster_event)
 @runtime.app.task
 async def follow_live_state() -> None:
     await replica.run()
+
+
+def apply_config(payload) -> None:
+    """A new active set from qm.config: policies and queues switch together, or not at all."""
+    global config
+    if not isinstance(payload, ConfigSnapshot):
+        return
+    docs = config_set.documents(payload)
+    try:
+        objects, policy_set = config_set.validate(docs)
+    except (ConfigError, PolicyError) as error:
+        runtime.log.error("config refused; the previous set stays active", error=str(error), detail=payload.digest)
+        return
+    if objects.cluster_queues:
+        config = KueueConfig.from_objects(objects)
+    policies.replace(policy_set)
+    runtime.log.info("config applied", detail=f"version {payload.version} {payload.digest}")
+
+
+@runtime.app.task
+async def follow_config() -> None:
+    await follow(settings.kafka_bootstrap, [settings.topic("qm.config")], apply_config)
 
 
 @runtime.app.task

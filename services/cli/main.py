@@ -24,6 +24,7 @@ app = typer.Typer(
 def _register() -> None:
     from services.cli import (
         billing_cmd,
+        config_cmd,
         demo_cmd,
         explain_cmd,
         policy_cmd,
@@ -33,6 +34,7 @@ def _register() -> None:
     )
 
     topics_cmd.register(app)
+    config_cmd.register(app)
     simulate_cmd.register(app)
     policy_cmd.register(app)
     billing_cmd.register(app)

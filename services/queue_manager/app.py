@@ -9,16 +9,20 @@ Wiring only; the decisions are in state.apply (a pure fold over the quota core).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from prometheus_client import Counter, Gauge
 
+from services.adapters import config_set
+from services.adapters.bus import follow
 from services.adapters.kueue_config import KueueConfig
 from services.adapters.runtime import Output, ServiceRuntime
 from services.adapters.settings import Settings
 from services.contracts.codec import Envelope, make_envelope
 from services.contracts.events import (
     ClockTick,
+    ConfigSnapshot,
     PodFinished,
     PodRunning,
     PreemptionVictimsSelected,
@@ -26,6 +30,7 @@ from services.contracts.events import (
     WorkloadRunning,
 )
 from services.contracts.schemas import topic_specs
+from services.core.quota import ConfigError, load_objects
 from services.queue_manager import state as fold
 
 PENDING = Gauge("kueue_pending_workloads", "Pending workloads per ClusterQueue", ["cluster_queue"])
@@ -122,6 +127,29 @@ async def on_preemption_event(envelope: Envelope, event) -> None:
     out = make_envelope(envelope.payload, producer=fold.PRODUCER, occurred_at=envelope.occurred_at,
                         identity=(envelope.event_id, "rekeyed"), cause=envelope)
     await runtime.publish([Output("qm.workloads", envelope.payload.cohort, out)])
+
+
+def apply_config(payload) -> None:
+    """A new active set from qm.config: queues and quotas switch for the next decision."""
+    global config, context
+    if not isinstance(payload, ConfigSnapshot):
+        return
+    kueue = [(d.file, d.body) for d in config_set.documents(payload)
+             if str(d.body.get("apiVersion", "")).startswith("kueue.x-k8s.io/")]
+    if not kueue:
+        return
+    try:
+        config = KueueConfig.from_objects(load_objects(kueue))
+    except ConfigError as error:
+        runtime.log.error("config refused; the previous set stays active", error=str(error), detail=payload.digest)
+        return
+    context = dataclasses.replace(context, objects=config.objects, node_labels=config.node_labels())
+    runtime.log.info("config applied", detail=f"version {payload.version} {payload.digest}")
+
+
+@runtime.app.task
+async def follow_config() -> None:
+    await follow(settings.kafka_bootstrap, [settings.topic("qm.config")], apply_config)
 
 
 runtime.consume("qm.workloads", on_workload_event, batched=True)  # the cohort table's only writer
