@@ -50,6 +50,7 @@ context = fold.Context(
     backoff_base_s=float(os.environ.get("QM_BACKOFF_BASE_S", 60)),
     backoff_max_s=float(os.environ.get("QM_BACKOFF_MAX_S", 3600)),
     max_expiries=int(os.environ.get("QM_MAX_EXPIRIES", 3)),
+    zombie_ttl_s=float(os.environ.get("QM_ZOMBIE_TTL_S", 600)),
     node_labels=config.node_labels(),
 )
 cohorts = runtime.table("cohorts", partitions=topic_specs()["qm.workloads"].partitions, help="queues per cohort")

@@ -20,7 +20,10 @@ from services.adapters.runtime import Output
 from services.contracts.codec import Envelope, make_envelope, parse_utc, utc_iso
 from services.contracts.events import (
     ActionAdmit,
+    ActionCleanup,
     ClockTick,
+    PodFinished,
+    PodRunning,
     PreemptionNeeded,
     PreemptionVictimsSelected,
     UsageSnapshot,
@@ -58,7 +61,7 @@ class Context:
     backoff_base_s: float = 60.0  # Kueue's requeuingStrategy defaults
     backoff_max_s: float = 3600.0
     max_expiries: int = 3  # then the workload is deactivated
-    finished_ttl_s: float = 600.0
+    zombie_ttl_s: float = 600.0  # pods all gone without a finish: released and cleaned up after this
     node_labels: dict[str, dict[str, str]] = field(default_factory=dict)  # flavor -> node labels
 
 
@@ -110,6 +113,9 @@ def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, l
             only = [u for u, w in state["pending"].items() if w["cluster_queue"] == payload.cluster_queue]
         else:
             only = [payload.uid]
+    elif isinstance(payload, PodRunning | PodFinished):
+        _track_pod(state, payload)
+        return state, outputs
     elif isinstance(payload, WorkloadRunning):
         entry = state["admitted"].get(payload.uid)
         if entry is None or entry["running_at"] is not None:
@@ -129,6 +135,7 @@ def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, l
         emit.usage(state, {entry["namespace"]})
     elif isinstance(payload, ClockTick):
         expired = _expire_idle_reservations(state, ctx, emit)
+        expired = _clean_up_zombies(state, ctx, emit) or expired
         woke = any(previous_now < w["eligible_at"] <= state["now"] for w in state["pending"].values())
         if not expired and not woke:
             return state, outputs  # time passed, nothing that decides changed
@@ -211,6 +218,43 @@ def _expire_idle_reservations(state: dict, ctx: Context, emit: _Emitter) -> bool
             ),
             identity=(uid, entry["reserved_at"], "requeued"),
         )
+    if touched:
+        emit.usage(state, touched)
+    return bool(touched)
+
+
+def _track_pod(state: dict, pod: PodRunning | PodFinished) -> None:
+    """Which pods of an admitted workload run; when the last one vanishes without the
+    workload finishing, the clock starts for zombie cleanup."""
+    entry = state["admitted"].get(pod.workload_uid)
+    if entry is None:
+        return
+    pods = entry.setdefault("pods", {})
+    if isinstance(pod, PodRunning):
+        pods[pod.uid] = pod.node
+        entry["pods_gone_at"] = None
+    else:
+        pods.pop(pod.uid, None)
+        if not pods and entry["running_at"] is not None:
+            entry["pods_gone_at"] = epoch(pod.finished_at)
+
+
+def _clean_up_zombies(state: dict, ctx: Context, emit: _Emitter) -> bool:
+    """A workload whose pods vanished without a finish still holds quota: after the TTL it is
+    released and the watcher is told to delete it."""
+    now = state["now"]
+    touched = set()
+    for uid, entry in sorted(state["admitted"].items()):
+        gone = entry.get("pods_gone_at")
+        if gone is None or now - gone < ctx.zombie_ttl_s:
+            continue
+        del state["admitted"][uid]
+        touched.add(entry["namespace"])
+        emit.released(entry, "ZombieTTLExpired", gone + ctx.zombie_ttl_s)
+        emit.add("qm.actions", uid, ActionCleanup(
+            workload_uid=uid, namespace=entry["namespace"], name=entry["name"], kind="Job",
+            reason=f"pods gone since {iso(gone)} without the workload finishing; quota released after "
+                   f"{ctx.zombie_ttl_s:.0f}s"), identity=(uid, entry["reserved_at"], "cleanup"))
     if touched:
         emit.usage(state, touched)
     return bool(touched)

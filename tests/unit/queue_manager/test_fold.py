@@ -121,3 +121,26 @@ def test_same_events_give_the_same_outputs():
     _, first = run(events)
     _, second = run(events)
     assert [o.envelope.event_id for o in first] == [o.envelope.event_id for o in second]
+
+
+def test_zombie_is_released_and_cleaned_up_after_its_ttl():
+    from services.contracts.events import PodFinished, PodRunning
+
+    state, _ = run([validated("ghost", 8)])
+    pod_up = make_envelope(PodRunning(uid="pod-ghost", workload_uid="uid-ghost", namespace="ml-team", name="ghost-0",
+                                      node="n1", started_at="2026-11-29T10:01:00Z"),
+                           producer="test", occurred_at="2026-11-29T10:01:00Z")
+    running = make_envelope(WorkloadRunning(uid="uid-ghost", namespace="ml-team", name="ghost",
+                                            started_at="2026-11-29T10:01:00Z"),
+                            producer="test", occurred_at="2026-11-29T10:01:00Z")
+    pod_gone = make_envelope(PodFinished(uid="pod-ghost", workload_uid="uid-ghost", namespace="ml-team",
+                                         name="ghost-0", phase="Deleted", finished_at="2026-11-29T10:30:00Z"),
+                             producer="test", occurred_at="2026-11-29T10:30:00Z")
+    state, _ = run([pod_up, running, pod_gone, tick("2026-11-29T10:39:59Z")], state)
+    assert "uid-ghost" in state["admitted"]  # within the TTL: maybe the pods come back
+    state, outputs = run([tick("2026-11-29T10:40:00Z")], state)
+    assert "uid-ghost" not in state["admitted"]
+    released = next(o.envelope.payload for o in outputs if o.envelope.event_type == "workload.released.v1")
+    assert (released.reason, released.released_at) == ("ZombieTTLExpired", "2026-11-29T10:40:00Z")
+    cleanup = next(o for o in outputs if o.envelope.event_type == "action.cleanup.v1")
+    assert cleanup.topic == "qm.actions" and cleanup.envelope.payload.name == "ghost"
