@@ -23,6 +23,7 @@ from services.contracts.codec import Envelope, make_envelope
 from services.contracts.events import (
     ClockTick,
     ConfigSnapshot,
+    NodeCapacity,
     PodFinished,
     PodRunning,
     PreemptionVictimsSelected,
@@ -86,6 +87,14 @@ async def on_cluster_event(envelope: Envelope, event) -> None:
     Pod events travel as they are (cost bills pods that start at different times) and the
     first running pod also becomes workload.running for the fold."""
     payload = envelope.payload
+    if isinstance(payload, NodeCapacity):  # every cohort places its own workloads on the nodes
+        await runtime.publish([
+            Output("qm.workloads", key, make_envelope(payload, producer=fold.PRODUCER,
+                                                      occurred_at=envelope.occurred_at,
+                                                      identity=(envelope.event_id, key), cause=envelope))
+            for key in config.cohort_keys()
+        ])
+        return
     if isinstance(payload, PodRunning | PodFinished):
         key = config.routing_key(payload.namespace, payload.queue_name)
         forwarded = [payload]

@@ -22,6 +22,7 @@ from services.contracts.events import (
     ActionAdmit,
     ActionCleanup,
     ClockTick,
+    NodeCapacity,
     PodFinished,
     PodRunning,
     PreemptionNeeded,
@@ -50,6 +51,7 @@ from services.core.quota import Workload as CoreWorkload
 from services.core.quota.model import QueueingStrategy
 
 PRODUCER = "queue-manager"
+GPU = "nvidia.com/gpu"
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,12 @@ def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, l
             only = [u for u, w in state["pending"].items() if w["cluster_queue"] == payload.cluster_queue]
         else:
             only = [payload.uid]
+    elif isinstance(payload, NodeCapacity):
+        nodes = state.setdefault("nodes", {})
+        if payload.deleted or payload.unschedulable or not payload.flavor:
+            nodes.pop(payload.node, None)
+        else:
+            nodes[payload.node] = {"flavor": payload.flavor, "gpu": (payload.allocatable or {}).get(GPU, 0)}
     elif isinstance(payload, PodRunning | PodFinished):
         _track_pod(state, payload)
         return state, outputs
@@ -375,6 +383,11 @@ def _drain(state: dict, ctx: Context, emit: _Emitter, only: list[str] | None = N
         if decision.status == WorkloadStatus.ADMITTED:
             flavors = {ps: dict(res) for ps, res in decision.flavors.items()}
             counts = dict(decision.counts)
+            placement, no_fit = _place(state, workload, flavors, counts)
+            if no_fit:
+                _say_pending(state, emit, workload, snapshot.root_name(decision.cluster_queue),
+                             decision.cluster_queue, "NoFit", no_fit)
+                continue
             entry = {
                 "uid": uid,
                 "namespace": workload["namespace"],
@@ -386,6 +399,7 @@ def _drain(state: dict, ctx: Context, emit: _Emitter, only: list[str] | None = N
                 "usage": _usage_by_flavor(workload, flavors, counts),
                 "reserved_at": now,
                 "running_at": None,
+                "placement": placement,
                 "workload": workload,
             }
             del state["pending"][uid]
@@ -403,25 +417,54 @@ def _drain(state: dict, ctx: Context, emit: _Emitter, only: list[str] | None = N
             state["said"][uid] = said
             emit.preemption_needed(state, workload, decision, snapshot.root_name(decision.cluster_queue))
         else:
-            said = f"{decision.reason}|{decision.message}"
-            if state["said"].get(uid) == said:
-                continue  # unchanged: no event storm for a queue that did not move
-            state["said"][uid] = said
-            emit.add(
-                "qm.workloads",
-                snapshot.root_name(decision.cluster_queue) if decision.cluster_queue else workload["cluster_queue"],
-                WorkloadPending(
-                    uid=uid,
-                    namespace=workload["namespace"],
-                    name=workload["name"],
-                    cluster_queue=decision.cluster_queue,
-                    reason=str(decision.reason),
-                    message=decision.message or str(decision.reason),
-                ),
-                identity=(uid, said, len(state["admitted"])),
-            )
+            key = snapshot.root_name(decision.cluster_queue) if decision.cluster_queue else workload["cluster_queue"]
+            _say_pending(state, emit, workload, key, decision.cluster_queue, str(decision.reason),
+                         decision.message or str(decision.reason))
     if touched:
         emit.usage(state, touched)
+
+
+def _say_pending(state: dict, emit: _Emitter, workload: dict, key: str, cluster_queue: str | None,
+                 reason: str, message: str) -> None:
+    """Pending, said only when the reason or message changed: no event storm for a queue that
+    did not move."""
+    uid = workload["uid"]
+    said = f"{reason}|{message}"
+    if state["said"].get(uid) == said:
+        return
+    state["said"][uid] = said
+    emit.add("qm.workloads", key, WorkloadPending(uid=uid, namespace=workload["namespace"], name=workload["name"],
+                                                  cluster_queue=cluster_queue, reason=reason, message=message),
+             identity=(uid, said, len(state["admitted"])))
+
+
+def _place(state: dict, workload: dict, flavors: dict, counts: dict) -> tuple[list, str]:
+    """Quota is not capacity: place every pod on a node of its flavor with enough free GPUs
+    (largest free first). Nodes come from node.capacity events; what this cohort already
+    placed counts as used. Flavors without known nodes are not checked.
+    Returns (placement [(node, gpu milli)], "" ) or ([], the Pending message)."""
+    nodes = state.get("nodes") or {}
+    if not nodes:
+        return [], ""
+    free = {name: n["gpu"] for name, n in nodes.items()}
+    for entry in state["admitted"].values():
+        for node, gpu in entry.get("placement") or []:
+            if node in free:
+                free[node] -= gpu
+    placement = []
+    for ps in workload["pod_sets"]:
+        per_pod = ps["requests"].get(GPU, 0)
+        flavor = flavors.get(ps["name"], {}).get(GPU)
+        candidates = [n for n, spec in nodes.items() if spec["flavor"] == flavor]
+        if not per_pod or not candidates:
+            continue
+        for _ in range(counts.get(ps["name"], ps["count"])):
+            best = max(candidates, key=lambda n: (free[n], n))
+            if free[best] < per_pod:
+                return [], f"quota available, but no {flavor} node has {per_pod / 1000:g} free {GPU}"
+            free[best] -= per_pod
+            placement.append((best, per_pod))
+    return placement, ""
 
 
 class _Emitter:

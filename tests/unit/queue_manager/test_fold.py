@@ -144,3 +144,19 @@ def test_zombie_is_released_and_cleaned_up_after_its_ttl():
     assert (released.reason, released.released_at) == ("ZombieTTLExpired", "2026-11-29T10:40:00Z")
     cleanup = next(o for o in outputs if o.envelope.event_type == "action.cleanup.v1")
     assert cleanup.topic == "qm.actions" and cleanup.envelope.payload.name == "ghost"
+
+
+def test_quota_available_but_no_node_fits_is_a_distinct_reason():
+    from services.contracts.events import NodeCapacity
+
+    nodes = [make_envelope(NodeCapacity(node=f"a100-{i}", flavor="a100-flavor", allocatable={"nvidia.com/gpu": 8000}),
+                           producer="test", occurred_at="2026-11-29T09:59:00Z", identity=(i,)) for i in range(4)]
+    # 32 GPUs of quota on four 8-GPU nodes: one 6-GPU pod on each node leaves 2 free per node.
+    state, _ = run([*nodes, *[validated(f"six-{i}", 6) for i in range(4)]])
+    assert len(state["admitted"]) == 4
+    state, outputs = run([validated("four", 4)], state)  # 8 GPUs of quota left, but no node has 4 free
+    pending = [o.envelope.payload for o in outputs if o.envelope.event_type == "workload.pending.v1"]
+    assert [(p.reason, p.message) for p in pending] == [
+        ("NoFit", "quota available, but no a100-flavor node has 4 free nvidia.com/gpu")]
+    state, outputs = run([validated("two", 2)], state)  # a 2-GPU pod still fits on a node
+    assert "uid-two" in state["admitted"]
