@@ -1,4 +1,5 @@
-"""The README's first command, minus the set-up: `qm demo` plays the seed scenario."""
+"""The README's first command, minus the set-up: `qm demo` runs the services on a simulated cluster.
+(The seed scenario, `qm demo --scenario seed`, is tested in test_seed_scenario.py.)"""
 
 from __future__ import annotations
 
@@ -11,18 +12,6 @@ import pytest
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
-
-
-def test_qm_demo_plays_the_seed_scenario(kafka_bootstrap):
-    result = subprocess.run(
-        [sys.executable, "-m", "services.cli.main", "demo", "--scenario", "seed", "--bootstrap", kafka_bootstrap],
-        cwd=REPO, env={**os.environ, "COLUMNS": "200"}, capture_output=True, text=True, timeout=180,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    out = result.stdout
-    assert "insufficient unused quota for nvidia.com/gpu in flavor a100-flavor, 8 more needed" in out
-    assert "idle 300 s holding 4 GPU" in out
-    assert "backoff 60 s" in out
 
 
 def test_qm_demo_runs_the_services_on_a_simulated_cluster_and_writes_a_report(kafka_bootstrap, tmp_path):
