@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 KAFKA := deploy/kafka/kafka.sh
 
-.PHONY: help install up down topics demo test test-unit test-k8s testcluster lint bench bench-core bench-webhook clean
+.PHONY: help install up down topics demo test test-unit test-k8s testcluster lint bench bench-core bench-webhook bench-queue clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -47,7 +47,7 @@ test-k8s: install testcluster ## the watcher's tests against a real kube-apiserv
 lint: install ## ruff
 	$(VENV)/bin/ruff check services tests bench
 
-bench: bench-core bench-webhook ## all benchmarks; JSON in bench/results/
+bench: bench-core bench-webhook bench-queue ## all benchmarks; JSON in bench/results/
 
 bench-core: install ## quota core: one drain pass over 50,000 workloads
 	$(PY) bench/bench_core.py
@@ -57,3 +57,6 @@ bench-webhook: install ## admission webhook latency at 500 and 2,000 requests/s
 
 clean: ## stop the broker and delete its data
 	$(KAFKA) reset
+
+bench-queue: install ## queue-manager: decisions/s and latency at 500 submissions/s on the local broker
+	$(PY) bench/bench_queue.py

@@ -73,7 +73,7 @@ def _observe(state: dict) -> None:
 
 async def on_workload_event(envelope: Envelope, event) -> None:
     key = event.key.decode() if event.key else envelope.payload.uid
-    applied = await runtime.apply_once(cohorts, key, envelope, lambda s, e: fold.apply(s, e, context))
+    applied = await runtime.apply_once(cohorts, key, envelope, lambda s, e: fold.apply(s, e, dataclasses.replace(context, cache_key=key)))
     if applied and envelope.event_type == "workload.validated.v1":
         state = runtime.entry(cohorts, key)["state"]
         if envelope.payload.uid in state["admitted"]:

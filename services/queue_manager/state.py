@@ -13,6 +13,7 @@ JSON-able dict so it can live in a faust table:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,7 +64,8 @@ class Context:
     backoff_base_s: float = 60.0  # Kueue's requeuingStrategy defaults
     backoff_max_s: float = 3600.0
     max_expiries: int = 3  # then the workload is deactivated
-    zombie_ttl_s: float = 600.0  # pods all gone without a finish: released and cleaned up after this
+    zombie_ttl_s: float = 600.0
+    cache_key: str | None = None  # the table key, so the shell's process can keep this cohort's quota tree  # pods all gone without a finish: released and cleaned up after this
     node_labels: dict[str, dict[str, str]] = field(default_factory=dict)  # flavor -> node labels
 
 
@@ -338,7 +340,74 @@ def _core_workload(w: dict) -> CoreWorkload:
     )
 
 
+# Memo tables of pure functions (same input, same output), so a deep cohort does not pay for
+# converting every admitted workload and rebuilding its quota tree on every event. The core's
+# drain copies the snapshot it is given, so sharing one is safe.
+_ADMITTED_MEMO: dict[int, tuple[tuple, AdmittedWorkload]] = {}
+_COHORT_OBJECTS: dict[tuple[int, str], Objects] = {}
+_SNAPSHOT_MEMO: dict[tuple, Any] = {}
+
+
+def _snapshot_for(ctx: Context, state: dict) -> Any:
+    """The cohort's quota tree with its admitted usage. With a cache key (the shell passes the
+    table key) the last tree is kept and brought up to date by adding and removing only what
+    changed since, instead of being rebuilt from every admitted workload on every event."""
+    admitted = {id(a): a for a in map(_admitted_for_snapshot, state["admitted"].values())}
+    cached = _SNAPSHOT_MEMO.get(ctx.cache_key) if ctx.cache_key is not None else None
+    if cached is None or cached[0] is not ctx.objects:
+        objects = _cohort_objects(ctx.objects, ctx.cache_key) if ctx.cache_key is not None else ctx.objects
+        snapshot = build_snapshot(objects, list(admitted.values()))
+    else:
+        _, held, snapshot = cached
+        for gone in held.keys() - admitted.keys():
+            snapshot.remove_workload(held[gone].key)
+        for new in admitted.keys() - held.keys():
+            snapshot.add_workload(admitted[new])
+    if ctx.cache_key is not None:
+        if len(_SNAPSHOT_MEMO) > 4096:
+            _SNAPSHOT_MEMO.clear()
+        _SNAPSHOT_MEMO[ctx.cache_key] = (ctx.objects, admitted, snapshot)
+    return snapshot
+
+
+def _cohort_objects(objects: Objects, key: str) -> Objects:
+    """Only the ClusterQueues (and cohorts) behind one qm.workloads key: the drain copies its
+    snapshot, so a tree of the whole cluster would be copied on every event."""
+    memo = _COHORT_OBJECTS.get((id(objects), key))
+    if memo is not None and memo[0] is objects:
+        return memo[1]
+    whole = build_snapshot(objects, [])
+    queues = {name: cq for name, cq in objects.cluster_queues.items() if whole.root_name(name) == key}
+    if not queues:
+        return objects
+    cohorts = {name: c for name, c in objects.cohorts.items() if "cohort:" + _root(objects, name) == key}
+    local = {k: lq for k, lq in objects.local_queues.items() if lq.cluster_queue in queues}
+    subset = dataclasses.replace(objects, cluster_queues=queues, cohorts=cohorts, local_queues=local, workloads=())
+    _COHORT_OBJECTS[(id(objects), key)] = (objects, subset)
+    return subset
+
+
+def _root(objects: Objects, cohort: str) -> str:
+    while cohort in objects.cohorts and objects.cohorts[cohort].parent is not None:
+        cohort = objects.cohorts[cohort].parent
+    return cohort
+
+
 def _admitted_for_snapshot(entry: dict) -> AdmittedWorkload:
+    # Entries live in the table as the same dict between events; an id is only trusted with
+    # the identity it was made for (a reused id of another entry fails the check).
+    identity = (entry["uid"], entry["reserved_at"], entry["cluster_queue"])
+    memo = _ADMITTED_MEMO.get(id(entry))
+    if memo is not None and memo[0] == identity:
+        return memo[1]
+    if len(_ADMITTED_MEMO) > 200_000:
+        _ADMITTED_MEMO.clear()
+    admitted = _convert_admitted(entry)
+    _ADMITTED_MEMO[id(entry)] = (identity, admitted)
+    return admitted
+
+
+def _convert_admitted(entry: dict) -> AdmittedWorkload:
     usage = tuple(
         sorted(((flavor, res), amount) for flavor, by_res in entry["usage"].items() for res, amount in by_res.items())
     )
@@ -373,7 +442,7 @@ def _drain(state: dict, ctx: Context, emit: _Emitter, only: list[str] | None = N
     eligible = [w for w in candidates if w["eligible_at"] <= now]
     if not eligible:
         return
-    snapshot = build_snapshot(ctx.objects, [_admitted_for_snapshot(e) for e in state["admitted"].values()])
+    snapshot = _snapshot_for(ctx, state)
     by_key = {f"{w['namespace']}/{w['name']}": w for w in eligible}
     result = drain(snapshot, [_core_workload(w) for w in eligible], now)
     touched = set()
