@@ -109,6 +109,10 @@ class ServiceRuntime:
             consumer_auto_offset_reset="earliest",
             producer_acks=-1,
             table_standby_replicas=0,
+            # A crashed worker's partitions move on within seconds, not faust's default minute.
+            broker_session_timeout=float(os.environ.get("QM_SESSION_TIMEOUT_S", 10)),
+            broker_heartbeat_interval=float(os.environ.get("QM_HEARTBEAT_INTERVAL_S", 2)),
+            broker_rebalance_timeout=float(os.environ.get("QM_REBALANCE_TIMEOUT_S", 20)),
             **faust_options,
         )
         self._topics: dict[str, faust.TopicT] = {}
