@@ -2,121 +2,186 @@
 
     QM_CONFIG_DIR=examples/seed python -m services.cost_accounting worker
 
+One ordered input: ``qm.workloads`` (keyed by cohort key) carries, per key and in one order,
+everything cost needs: reservations, running / finished pods and workloads, expiries,
+evictions, and the queue-manager's per-cohort clock ticks. Plus two side inputs that are not
+ordered with it: namespace labels (cost centers) from a :class:`LiveReplica` of ``qm.cluster``,
+and the price list from ``QM_CONFIG_DIR`` (read at start).
+
 Agents:
 
-1. ``qm.workloads`` (keyed by cohort), ``qm.cluster`` (keyed by uid) and ``qm.clock``: the
-   events cost needs are forwarded, unchanged, onto one **single-partition internal topic**
-   ``<prefix><app id>-ledger-input`` (key ``ledger``). Its order is the one order every
-   replay of this service sees.
-2. That topic is folded with ``runtime.apply_once`` into the ``ledger`` table (1 partition,
-   one key ``ledger``: the core's state is global — hours close on one watermark for every
-   workload, budgets sum across workloads). Outputs: ``qm.billing`` (key workload uid, event
-   id = row id), ``qm.budgets`` (key cost center), ``qm.alerts``.
-3. ``qm.billing`` (our own rows) is folded into the ``allocation`` table (keyed by workload
-   uid, partitioned like ``qm.billing``), which serves ``GET /allocation``.
+1. ``qm.workloads`` (batched: the ``ledger`` table's only writer): each cohort key is folded by
+   :class:`CohortLedger` (records per workload uid + one per cohort key, co-partitioned with the
+   source). Outputs: ``qm.billing`` (key workload uid, event id = row id), acknowledged before
+   the batch's records are written (workload records before the cohort record).
+2. ``qm.billing`` (our own rows, batched) is folded into the ``allocation`` table
+   (``GET /allocation``, one record per row id) and, when budgets are configured, re-keyed by cost center onto
+   ``<prefix><app id>-by-cost-center`` and folded per cost center into ``qm.budgets`` /
+   ``qm.alerts`` (dedupe by row id: ``apply_once``).
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
-from services.adapters.runtime import Output, ServiceRuntime, TemporaryError
+from services.adapters.live_replica import LiveReplica
+from services.adapters.runtime import (
+    DUPLICATES_SKIPPED,
+    Output,
+    ServiceRuntime,
+    TemporaryError,
+    _current_batch,
+)
 from services.adapters.settings import Settings
-from services.contracts.codec import ContractError, Envelope, decode
+from services.contracts.codec import Envelope, decode
 from services.contracts.schemas import topic_specs
 from services.cost_accounting.allocation import AllocationError, aggregate, compact_row, rows_of
+from services.cost_accounting.budgets import budget_step
+from services.cost_accounting.cohort import FOLDED_TYPES, CohortLedger
 from services.cost_accounting.config import load_config
-from services.cost_accounting.ledger import LEDGER_KEY, LedgerFold
-from services.cost_accounting.translate import RELEVANT_EVENT_TYPES
+from services.cost_accounting.ledger import outputs_for
+from services.cost_accounting.translate import at_ms
 
 SERVICE = "cost-accounting"
-SOURCE_HEADER = "qm-cost-source"
-SOURCES = ("qm.workloads", "qm.cluster", "qm.clock")
+PARTITIONS = topic_specs()["qm.workloads"].partitions
 
 settings = Settings.from_env(SERVICE)
 runtime = ServiceRuntime(settings)
 config = load_config(os.environ.get("QM_CONFIG_DIR"))
+replica = LiveReplica(settings.kafka_bootstrap, {"qm.cluster": settings.topic("qm.cluster")})
 
 
-def input_topic_name(s: Settings = settings) -> str:
-    """The internal single-partition topic (tests read it to know the fold's input order)."""
-    return s.topic(f"{s.app_id}-ledger-input")
+def by_cost_center_topic_name(s: Settings = settings) -> str:
+    return s.topic(f"{s.app_id}-by-cost-center")
 
 
-ledger_input = runtime.app.topic(
-    input_topic_name(), partitions=1, key_serializer="raw", value_serializer="raw", internal=True
+by_cost_center = runtime.app.topic(
+    by_cost_center_topic_name(), partitions=PARTITIONS, key_serializer="raw", value_serializer="raw", internal=True
 )
-ledger_table = runtime.table("ledger", partitions=1, help="the cost core's state (one key: ledger)")
+ledger_table = runtime.table("ledger", partitions=PARTITIONS, help="cost books per workload uid, one record per cohort key")
+budget_table = runtime.table("budgets", partitions=PARTITIONS, help="month-to-date budget usage per cost center")
 allocation_table = runtime.table(
-    "allocation", partitions=topic_specs()["qm.billing"].partitions, help="published ledger rows per workload uid"
+    "allocation", partitions=topic_specs()["qm.billing"].partitions, help="published ledger rows, one per row id"
 )
-ledger_fold = LedgerFold(config, make_output=Output)
 
 
-# -- 1. forward --------------------------------------------------------------------------
+def namespace_labels(namespace: str) -> dict[str, str] | None:
+    found = replica.namespace(namespace)
+    return None if found is None else dict(found["metadata"]["labels"])
 
 
-def _forwarder(source: str):
-    async def forward(envelope: Envelope, event) -> None:
-        if envelope.event_type not in RELEVANT_EVENT_TYPES:
+ledger = CohortLedger(config, labels=namespace_labels, make_output=Output)
+
+
+@runtime.app.task
+async def follow_namespaces() -> None:
+    await replica.run()
+
+
+# -- 1. the ordered fold ---------------------------------------------------------------------
+
+
+class _BatchStore:
+    """The ledger table as the current batch sees it: staged writes first."""
+
+    def __init__(self, batch) -> None:
+        self.batch = batch
+
+    def get(self, key: str) -> Any:
+        staged = self.batch.staged(ledger_table, key) if self.batch is not None else None
+        return staged if staged is not None else ledger_table.get(key)
+
+    def items(self):
+        merged = dict(ledger_table.items())
+        if self.batch is not None:
+            for (table_id, key), (_, _, value, _) in self.batch.writes.items():
+                if table_id == id(ledger_table):
+                    merged[key] = value
+        return merged.items()
+
+
+def _stage(batch, writes: dict[str, Any], event) -> None:
+    """Stage in the batch in this order (workload records, then the cohort record): a key
+    written again moves to the end, so the cohort record always follows its books."""
+    for key, value in writes.items():
+        slot = (id(ledger_table), key)
+        batch.writes.pop(slot, None)
+        batch.writes[slot] = (ledger_table, key, value, event)
+
+
+async def on_workload_event(envelope: Envelope, event) -> None:
+    if envelope.event_type not in FOLDED_TYPES:
+        return
+    if not replica.caught_up.is_set():
+        await replica.caught_up.wait()  # never price a row before the labels are known
+    cohort = event.key.decode() if event.key else "~none"
+    batch = _current_batch.get()
+    try:
+        message = event.message
+        result = ledger.step(cohort, _BatchStore(batch), envelope, (message.partition, message.offset))
+        if result is None:
+            DUPLICATES_SKIPPED.labels(SERVICE, ledger_table.name).inc()
             return
-        future = await ledger_input.send(
-            key=LEDGER_KEY.encode(), value=event.value, headers=[(SOURCE_HEADER, source.encode())]
-        )
-        await future  # acknowledged before the source offset can be committed
-
-    return forward
-
-
-for _source in SOURCES:
-    runtime.consume(_source, _forwarder(_source), agent_name=f"forward_{_source.replace('.', '_')}")
-
-
-# -- 2. fold -----------------------------------------------------------------------------
+        writes, outputs = result
+        await runtime.publish(outputs)  # acknowledged before the batch's records are stored
+        if batch is None:
+            for key, value in writes.items():
+                ledger_table[key] = value
+        else:
+            _stage(batch, writes, event)
+    except BaseException:
+        ledger.forget(cohort)  # the live state holds an event that will not be stored
+        raise
 
 
-def _source_of(event) -> str:
-    headers = event.message.headers or ()
-    items = headers.items() if hasattr(headers, "items") else headers
-    for key, value in items:
-        if key == SOURCE_HEADER:
-            return value.decode() if isinstance(value, bytes) else str(value)
-    return "qm.workloads"
+runtime.consume("qm.workloads", on_workload_event, agent_name="fold_ledger", batched=True)
 
 
-@runtime.app.agent(ledger_input, name="fold_ledger")
-async def fold_ledger(stream):
-    async for event in stream.events():
-        source = _source_of(event)
-        try:
-            envelope = decode(event.value)
-        except ContractError as error:
-            await runtime.dead_letter(source, event, f"contract: {error}", kind="contract")
-            continue
-        try:
-            await runtime.apply_once(ledger_table, LEDGER_KEY, envelope, ledger_fold)
-        except TemporaryError:
-            raise
-        except Exception as error:  # noqa: BLE001 - one bad event must not stop billing
-            runtime.log.exception("cost fold failed; message dead-lettered", event_id=envelope.event_id)
-            await runtime.dead_letter(source, event, f"handler: {type(error).__name__}: {error}", kind="handler")
-
-
-# -- 3. allocation view --------------------------------------------------------------------
-
-
-def _allocation_fold(state, envelope: Envelope):
-    rows = dict((state or {}).get("rows", {}))
-    rows[envelope.payload.row_id] = compact_row(envelope.payload)
-    return {"rows": rows}, []
+# -- 2. allocation view and budgets ----------------------------------------------------------
 
 
 async def on_ledger_row(envelope: Envelope, event) -> None:
-    if envelope.event_type == "billing.ledger_row.v1":
-        await runtime.apply_once(allocation_table, envelope.payload.ResourceId, envelope, _allocation_fold)
+    if envelope.event_type != "billing.ledger_row.v1":
+        return
+    if config.budgets:
+        future = await by_cost_center.send(key=envelope.payload.x_CostCenter.encode(), value=event.value)
+        batch = _current_batch.get()
+        if batch is not None:
+            batch.acks.append(future)  # acknowledged with the batch, before its offsets move on
+        else:
+            await future
+    # One record per row id (idempotent: a redelivered row rewrites the same value), in the
+    # shape rows_of reads; small records instead of one growing value per workload.
+    row_id = envelope.payload.row_id
+    value = {"state": {"rows": {row_id: compact_row(envelope.payload)}}}
+    batch = _current_batch.get()
+    if batch is not None:
+        batch.writes[(id(allocation_table), row_id)] = (allocation_table, row_id, value, event)
+    else:
+        allocation_table[row_id] = value
 
 
-runtime.consume("qm.billing", on_ledger_row, agent_name="index_ledger_rows")
+runtime.consume("qm.billing", on_ledger_row, agent_name="index_ledger_rows", batched=True)
+
+
+def _budget_fold(state, envelope: Envelope):
+    new_state, produced = budget_step(state, envelope.payload, config.budgets, at_ms(envelope.occurred_at))
+    messages = outputs_for(produced, envelope, config.settings.billing_account_id, lambda _: None)
+    return new_state, [Output(m.topic, m.key, m.envelope) for m in messages]
+
+
+@runtime.app.agent(by_cost_center, name="fold_budgets")
+async def fold_budgets(stream):
+    async for event in stream.events():
+        try:
+            envelope = decode(event.value)
+            await runtime.apply_once(budget_table, envelope.payload.x_CostCenter, envelope, _budget_fold)
+        except TemporaryError:
+            raise
+        except Exception as error:  # noqa: BLE001
+            runtime.log.exception("budget fold failed; message dead-lettered")
+            await runtime.dead_letter("qm.billing", event, f"handler: {type(error).__name__}: {error}", kind="handler")
 
 
 @runtime.app.page("/allocation")

@@ -65,7 +65,7 @@ def start_worker(module: str, env: dict[str, str], log_path: Path) -> Worker:
     full_env = {**os.environ, **env, "QM_WEB_PORT": str(port), "PYTHONPATH": str(REPO)}
     log_file = open(log_path, "ab")  # noqa: SIM115 - closed with the process
     process = subprocess.Popen(
-        [sys.executable, "-m", module, "worker", "--loglevel", "warn"],
+        [sys.executable, "-m", module, "worker", "--loglevel", os.environ.get("QM_TEST_WORKER_LOGLEVEL", "warn")],
         cwd=REPO,
         env=full_env,
         stdout=log_file,

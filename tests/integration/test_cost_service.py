@@ -10,6 +10,7 @@ import time
 import urllib.request
 import uuid
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 import yaml
@@ -28,8 +29,10 @@ from services.contracts.events import (
     WorkloadReleased,
     WorkloadRunning,
 )
+from services.cost_accounting.cohort import fold_cohorts
 from services.cost_accounting.config import config_from_documents
-from services.cost_accounting.ledger import LedgerFold
+from services.cost_accounting.trace_events import trace_envelopes, trace_labels
+from services.trace import lifecycle_events, read_pods, synthetic_pods, write_pod_csv
 from tests.integration.processes import start_worker
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -69,10 +72,6 @@ def env_for(prefix: str, suffix: str, tmp_path) -> dict[str, str]:
     }
 
 
-def input_topic(prefix: str, suffix: str) -> str:
-    return f"{prefix}qm-cost-accounting{suffix}-ledger-input"
-
-
 def env(payload, at: str, *ident):
     return make_envelope(payload, producer="test", occurred_at=at, identity=ident or None)
 
@@ -94,21 +93,12 @@ async def ledger(bootstrap: str, prefix: str) -> list:
     return [e async for _, e in read_envelopes(bootstrap, prefix + "qm.billing")]
 
 
-async def publish_in_order(bootstrap, prefix, suffix, batches):
-    """Publish batch by batch, each once the service forwarded the previous one onto its
-    single-partition input: the fold sees the batches in this order whatever the topics."""
-    forwarded = await count(bootstrap, input_topic(prefix, suffix))
+async def publish(bootstrap, prefix, messages) -> None:
+    """One producer, in order: per cohort key the service reads exactly this order."""
     async with Publisher(bootstrap, prefix) as bus:
-        for batch in batches:
-            for topic, key, envelope in batch:
-                await bus.publish(topic, key, envelope)
-            await bus.flush()
-            forwarded += sum(1 for _, _, e in batch if not isinstance(e.payload, WorkloadPending))
-
-            async def caught_up(target=forwarded):
-                return await count(bootstrap, input_topic(prefix, suffix)) >= target
-
-            await wait_for(caught_up, 60, "the service to forward a batch")
+        for topic, key, envelope in messages:
+            await bus.publish(topic, key, envelope)
+        await bus.flush()
 
 
 def labels_event():
@@ -124,33 +114,37 @@ def reserved(uid: str, gpus: int, at: str):
     return ("qm.workloads", "ml", env(payload, at, uid, "reserved"))
 
 
-def tick(at: str):
-    return ("qm.clock", "test", env(ClockTick(at=at, source="test"), at, "tick", at))
+def tick(at: str, cohort: str = "ml"):
+    """The queue-manager's per-cohort copy of a qm.clock tick."""
+    return ("qm.workloads", cohort, env(ClockTick(at=at, source="test"), at, "tick", at, cohort))
 
 
 async def test_field_report_idle_reservation_is_one_row_of_1_333333333_gpu_hours(kafka_bootstrap, topic_prefix, tmp_path):
     suffix = f"-{uuid.uuid4().hex[:8]}"
+    uid, at_exp = "7f1c-llm-ft", "2026-11-29T10:05:00Z"
+    expired = WorkloadPrefreezeExpired(
+        uid=uid, namespace="ml-team", name=uid, cluster_queue="gpu-queue", reserved_at="2026-11-29T10:00:00Z",
+        expired_at=at_exp, idle_s=300.0, usage={"a100-flavor": {"nvidia.com/gpu": 16000}},
+    )
+    released = WorkloadReleased(
+        uid=uid, namespace="ml-team", name=uid, cluster_queue="gpu-queue", reason="PodsReadyTimeout",
+        usage={"a100-flavor": {"nvidia.com/gpu": 16000}}, released_at=at_exp,
+    )
+    pending = WorkloadPending(uid=uid, namespace="ml-team", name=uid, reason="Requeued", message="backoff")
+    await publish(kafka_bootstrap, topic_prefix, [
+        labels_event(),
+        reserved(uid, 16, "2026-11-29T10:00:00Z"),
+        tick("2026-11-29T10:01:00Z"),
+        ("qm.workloads", "ml", env(expired, at_exp, "exp")),
+        ("qm.workloads", "ml", env(released, at_exp, "rel")),
+        ("qm.workloads", "ml", env(pending, at_exp, "pend")),  # ignored by cost
+        tick("2026-11-29T10:06:00Z"),
+        tick("2026-11-29T11:00:00Z"),
+        tick("2026-11-29T11:01:00Z"),
+    ])
     worker = start_worker("services.cost_accounting", env_for(topic_prefix, suffix, tmp_path), tmp_path / "w.log")
     try:
         worker.wait_ready()
-        uid, at_exp = "7f1c-llm-ft", "2026-11-29T10:05:00Z"
-        expired = WorkloadPrefreezeExpired(
-            uid=uid, namespace="ml-team", name=uid, cluster_queue="gpu-queue", reserved_at="2026-11-29T10:00:00Z",
-            expired_at=at_exp, idle_s=300.0, usage={"a100-flavor": {"nvidia.com/gpu": 16000}},
-        )
-        released = WorkloadReleased(
-            uid=uid, namespace="ml-team", name=uid, cluster_queue="gpu-queue", reason="PodsReadyTimeout",
-            usage={"a100-flavor": {"nvidia.com/gpu": 16000}}, released_at=at_exp,
-        )
-        pending = WorkloadPending(uid=uid, namespace="ml-team", name=uid, reason="Requeued", message="backoff")
-        await publish_in_order(kafka_bootstrap, topic_prefix, suffix, [
-            [labels_event()],
-            [reserved(uid, 16, "2026-11-29T10:00:00Z"),
-             ("qm.workloads", "ml", env(expired, at_exp, "exp")),
-             ("qm.workloads", "ml", env(released, at_exp, "rel")),
-             ("qm.workloads", "ml", env(pending, at_exp, "pend"))],  # ignored by cost
-            [tick("2026-11-29T11:00:00Z")],
-        ])
 
         async def one_row():
             return len(await ledger(kafka_bootstrap, topic_prefix)) >= 1
@@ -172,22 +166,24 @@ async def test_field_report_idle_reservation_is_one_row_of_1_333333333_gpu_hours
 
 async def test_running_0940_to_1110_is_three_rows_summing_to_1_5_x_gpus(kafka_bootstrap, topic_prefix, tmp_path):
     suffix = f"-{uuid.uuid4().hex[:8]}"
-    worker = start_worker("services.cost_accounting", env_for(topic_prefix, suffix, tmp_path), tmp_path / "w.log")
     uid, start, end = "wl-train", "2026-11-29T09:40:00Z", "2026-11-29T11:10:00Z"
     pods = [f"{uid}-pod-{i}" for i in range(2)]
+    messages = [labels_event(), reserved(uid, 8, start)]
+    for pod in pods:  # as the queue-manager forwards them: each pod.running, then workload.running
+        messages.append(("qm.workloads", "ml", env(PodRunning(uid=pod, workload_uid=uid, namespace="ml-team", name=pod,
+                                                              started_at=start, requests={"nvidia.com/gpu": 4000}), start, pod)))
+        messages.append(("qm.workloads", "ml", env(WorkloadRunning(uid=uid, namespace="ml-team", name=uid, started_at=start),
+                                                   start, pod, "run")))
+    messages += [tick("2026-11-29T10:00:00Z"), tick("2026-11-29T11:00:00Z")]
+    messages += [("qm.workloads", "ml", env(PodFinished(uid=pod, workload_uid=uid, namespace="ml-team", name=pod, phase="Succeeded",
+                                                        finished_at=end), end, pod, "fin")) for pod in pods]
+    messages += [("qm.workloads", "ml", env(WorkloadFinished(uid=uid, namespace="ml-team", name=uid, succeeded=True,
+                                                             finished_at=end), end, "done")),
+                 tick("2026-11-29T12:00:00Z")]
+    await publish(kafka_bootstrap, topic_prefix, messages)
+    worker = start_worker("services.cost_accounting", env_for(topic_prefix, suffix, tmp_path), tmp_path / "w.log")
     try:
         worker.wait_ready()
-        await publish_in_order(kafka_bootstrap, topic_prefix, suffix, [
-            [labels_event()],
-            [reserved(uid, 8, start)],
-            [("qm.workloads", "ml", env(WorkloadRunning(uid=uid, namespace="ml-team", name=uid, started_at=start), start, "run"))],
-            [("qm.cluster", uid, env(PodRunning(uid=pod, workload_uid=uid, namespace="ml-team", name=pod, started_at=start,
-                                                 requests={"nvidia.com/gpu": 4000}), start, pod)) for pod in pods],
-            [("qm.cluster", uid, env(PodFinished(uid=pod, workload_uid=uid, namespace="ml-team", name=pod, phase="Succeeded",
-                                                  finished_at=end), end, pod, "fin")) for pod in pods]
-            + [("qm.workloads", "ml", env(WorkloadFinished(uid=uid, namespace="ml-team", name=uid, succeeded=True, finished_at=end), end, "done"))],
-            [tick("2026-11-29T12:00:00Z")],
-        ])
 
         async def three_rows():
             return len(await ledger(kafka_bootstrap, topic_prefix)) >= 3
@@ -211,22 +207,157 @@ async def test_running_0940_to_1110_is_three_rows_summing_to_1_5_x_gpus(kafka_bo
     assert view["data"][0]["cc-ml"]["gpuHours"] == 12.0 and view["data"][0]["cc-ml"]["idle"] == 0.0
 
 
-def expected_rows(envelopes) -> dict[str, dict]:
-    """The uninterrupted ledger: the same fold, in-process, over the same input order."""
-    fold = LedgerFold(_test_config())
-    state, rows = None, {}
-    for envelope in envelopes:
-        state, outputs = fold(state, envelope)
-        for out in outputs:
-            if out.topic == "qm.billing":
-                assert out.envelope.event_id not in rows or rows[out.envelope.event_id] == out.envelope.payload
-                rows[out.envelope.event_id] = out.envelope.payload
-    return rows
+TRACE_CSV = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces" / "alibaba-gpu-v2023" / "openb_pod_list_default.csv"
 
 
 def _test_config():
     return config_from_documents(("test", d) for d in yaml.safe_load_all(CONFIG))
 
 
-# The SIGKILL mid-replay test is not here yet: with one global fold state per event the
-# service is too slow to replay a trace through a changelog (issue 7 note, ADR 0007).
+def expected_rows(messages) -> dict[str, object]:
+    """The uninterrupted ledger: the pure fold in-process over the qm.workloads records in
+    publish order (= per cohort key, the order the service reads), labels as the replica has them."""
+    _, outputs = fold_cohorts(_test_config(), [(k, e) for t, k, e in messages if t == "qm.workloads"], trace_labels())
+    rows: dict[str, object] = {}
+    for out in outputs:
+        if out.topic == "qm.billing":
+            assert out.envelope.event_id not in rows
+            rows[out.envelope.event_id] = out.envelope.payload
+    return rows
+
+
+def truth_per_namespace(csv_path) -> dict[str, tuple[Decimal, Decimal, Decimal]]:
+    """Independent of the fold: straight from the CSV rows (the trace driver's conventions),
+    each pod's total rounded half-even to 9 places (one series per pod), summed per namespace:
+    (GPU-hours, core-hours, contracted cost at the default prices 1.20/GPU-h, 0.04/core-h)."""
+    import csv
+    import zlib
+    from collections import defaultdict
+    from fractions import Fraction
+
+    from services.trace import TEAM_NAMESPACES
+
+    def round_9(exact: Fraction) -> Decimal:
+        return Decimal(round(exact * 10**9)).scaleb(-9)
+
+    with open(csv_path, newline="") as handle:
+        raw = list(csv.DictReader(handle))
+    end_s = max(int(r[c]) for r in raw for c in ("creation_time", "deletion_time", "scheduled_time") if r[c])
+    totals = defaultdict(lambda: [Decimal(0), Decimal(0)])
+    for r in raw:
+        creation = int(r["creation_time"])
+        if r["scheduled_time"] == "" or (int(r["scheduled_time"]) == 0 and creation > 0):
+            continue
+        start = max(int(r["scheduled_time"]), creation)
+        seconds = max(int(r["deletion_time"]) if r["deletion_time"] else end_s, start) - start
+        namespace = TEAM_NAMESPACES[zlib.crc32(r["name"].encode()) % len(TEAM_NAMESPACES)]
+        totals[namespace][0] += round_9(Fraction(int(r["num_gpu"]) * int(r["gpu_milli"]) * seconds, 1000 * 3600))
+        totals[namespace][1] += round_9(Fraction(int(r["cpu_milli"]) * seconds, 1000 * 3600))
+    return {ns: (g, c, g * Decimal("1.20") + c * Decimal("0.04")) for ns, (g, c) in totals.items() if g or c}
+
+
+async def kill_at(worker, bootstrap: str, topic: str, rows: int, timeout_s: float = 240) -> None:
+    """SIGKILL the worker as soon as `rows` records are on the topic (followed, not polled)."""
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
+    await consumer.start()
+    seen, deadline = 0, time.monotonic() + timeout_s
+    try:
+        while seen < rows:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"only {seen} of {rows} rows before the kill; log:\n{worker.log()}")
+            batch = await consumer.getmany(timeout_ms=20)
+            seen += sum(len(records) for records in batch.values())
+        worker.kill()
+    finally:
+        await consumer.stop()
+
+
+async def sigkill_replay(kafka_bootstrap, topic_prefix, tmp_path, csv_path, *, first_pods: int | None = None):
+    pods = read_pods(csv_path)
+    if first_pods is not None:
+        pods = pods[:first_pods]
+        csv_path = write_pod_csv(pods, tmp_path / "head.csv")
+    messages = list(trace_envelopes(lifecycle_events(pods)))
+    expected = expected_rows(messages)
+    events = sum(1 for t, _, _ in messages if t == "qm.workloads")
+    suffix = f"-{uuid.uuid4().hex[:8]}"
+    billing = topic_prefix + "qm.billing"
+    async with Publisher(kafka_bootstrap, topic_prefix) as bus:
+        for topic, key, envelope in messages:
+            await bus.publish(topic, key, envelope)
+        await bus.flush()
+
+    first = start_worker("services.cost_accounting", {**env_for(topic_prefix, suffix, tmp_path), "QM_BATCH_SIZE": "100"},
+                         tmp_path / "w1.log")
+    try:
+        first.wait_ready()
+        started = time.monotonic()
+        await kill_at(first, kafka_bootstrap, billing, int(0.3 * len(expected)))
+        first_s = time.monotonic() - started
+    finally:
+        first.stop()
+    at_kill = await count(kafka_bootstrap, billing)
+    assert at_kill < len(expected), "killed too late to test anything"
+
+    second = start_worker("services.cost_accounting", env_for(topic_prefix, suffix, tmp_path), tmp_path / "w2.log")
+    try:
+        second.wait_ready()
+        restarted = time.monotonic()
+        got: dict[str, object] = {}
+
+        async def all_rows():
+            if await count(kafka_bootstrap, billing) < len(expected):
+                return False
+            got.clear()
+            async for _, envelope in read_envelopes(kafka_bootstrap, billing):
+                assert got.get(envelope.event_id, envelope.payload) == envelope.payload  # repeats never differ
+                got[envelope.event_id] = envelope.payload
+            return len(got) >= len(expected)
+
+        try:
+            await wait_for(all_rows, 600, "the restarted service to finish the replay")
+        except AssertionError:
+            raise AssertionError(f"{len(got)} of {len(expected)} rows; log:\n{second.log()}") from None
+        elapsed = first_s + time.monotonic() - restarted
+        await asyncio.sleep(1.0)
+        got.clear()
+        async for _, envelope in read_envelopes(kafka_bootstrap, billing):
+            got[envelope.event_id] = envelope.payload
+    finally:
+        second.stop()
+    print(f"replay: {events} qm.workloads events, {len(expected)} rows, killed at {at_kill} rows; "
+          f"{elapsed:.1f}s of workers running (excl. start-up) = {events / elapsed:.0f} events/s incl. redelivery and polling")
+    differing = [
+        (rid, {f: (getattr(got[rid], f), getattr(row, f)) for f in row.__dataclass_fields__ if getattr(got[rid], f) != getattr(row, f)})
+        for rid, row in expected.items() if rid in got and got[rid] != row
+    ]
+    assert set(got) == set(expected) and not differing, (len(got), len(expected), differing[:3])
+    totals: dict[str, list[Decimal]] = {}
+    for row in got.values():
+        bucket = totals.setdefault(row.SubAccountId, [Decimal(0), Decimal(0), Decimal(0)])
+        bucket[0] += Decimal(row.x_GpuHours) if row.x_UsageKind == "running" else 0
+        bucket[1] += Decimal(row.x_CoreHours) if row.x_UsageKind == "running" else 0
+        bucket[2] += Decimal(row.ContractedCost)
+        assert row.x_UsageKind == "running" and not row.ChargeClass, row  # in order: no idle, no corrections
+    assert {ns: tuple(v) for ns, v in totals.items()} == truth_per_namespace(csv_path)
+    return elapsed, len(messages)
+
+
+async def test_sigkill_mid_replay_of_a_synthetic_trace_gives_the_uninterrupted_ledger(kafka_bootstrap, topic_prefix, tmp_path):
+    """300 synthetic pods (~1,500 events, ~750 rows over 14 days): SIGKILL at 30% of the rows,
+    restart, the ledger deduplicated by row id equals the in-process fold and the CSV's sums."""
+    csv_path = write_pod_csv(synthetic_pods(300, seed=11), tmp_path / "synthetic.csv")
+    await sigkill_replay(kafka_bootstrap, topic_prefix, tmp_path, csv_path)
+
+
+@pytest.mark.skipif(not TRACE_CSV.is_file(), reason=f"Alibaba GPU trace not found at {TRACE_CSV}; the synthetic replay covers the same path")
+async def test_sigkill_mid_replay_of_the_alibaba_trace_gives_the_uninterrupted_ledger(kafka_bootstrap, topic_prefix, tmp_path):
+    """openb_pod_list_default.csv, first QM_COST_REPLAY_PODS pods (default N = 600, to stay under ~60 s: N = 1500 is 35,810 qm.workloads events and 49,249 rows in 102 s; the full trace's
+    34k events and 65k rows take minutes through the service on the shared 2-core machine)."""
+    import os
+
+    await sigkill_replay(
+        kafka_bootstrap, topic_prefix, tmp_path, TRACE_CSV, first_pods=int(os.environ.get("QM_COST_REPLAY_PODS", "600"))
+    )

@@ -81,7 +81,19 @@ from services.core.cost.units import (
     to_nano,
 )
 
-__all__ = ["CostState", "apply", "fold", "initial_state", "row_id", "state_from_dict", "state_to_dict"]
+__all__ = [
+    "CostState",
+    "apply",
+    "apply_tracked",
+    "book_from_dict",
+    "book_to_dict",
+    "fold",
+    "initial_state",
+    "restore_books",
+    "row_id",
+    "state_from_dict",
+    "state_to_dict",
+]
 
 _RUNNING = UsageKind.RUNNING
 _IDLE = UsageKind.RESERVED_IDLE
@@ -159,10 +171,18 @@ class _Ctx:
     out: list[CostOutput]
     now_ms: int
     touched: dict[tuple[str, str], None] = field(default_factory=dict)  # (budget name, month)
+    changed: dict[str, None] = field(default_factory=dict)  # uids whose book changed or was pruned
 
 
 def apply(state: CostState, event: CostEvent) -> tuple[CostState, list[CostOutput]]:
     """Apply one event; return the (same, updated) state and the outputs it caused."""
+    state, outputs, _ = apply_tracked(state, event)
+    return state, outputs
+
+
+def apply_tracked(state: CostState, event: CostEvent) -> tuple[CostState, list[CostOutput], tuple[str, ...]]:
+    """:func:`apply`, also naming the workloads whose book changed (or was pruned: no longer in
+    ``state.books``), so a shell storing one record per workload writes only those."""
     ctx = _Ctx(state, [], event.at_ms)
     book: _Book | None = None
     if isinstance(event, ClockTick):
@@ -178,9 +198,9 @@ def apply(state: CostState, event: CostEvent) -> tuple[CostState, list[CostOutpu
             state.budgets = tuple(event.budgets)
     else:
         book = _apply_workload(ctx, event)
-    _advance(ctx, event.at_ms, book)
+    _advance(ctx, event.at_ms, book, isinstance(event, ClockTick) or not state.settings.close_on_ticks_only)
     _budget_statuses(ctx)
-    return state, ctx.out
+    return state, ctx.out, tuple(ctx.changed)
 
 
 def fold(events: Iterable[CostEvent], state: CostState | None = None) -> tuple[CostState, list[CostOutput]]:
@@ -222,6 +242,7 @@ def _apply_workload(ctx: _Ctx, event: CostEvent) -> _Book | None:
     if event.event_id in book.seen:
         return None  # at-least-once delivery: already applied
     book.seen.add(event.event_id)
+    ctx.changed[uid] = None
     at_ms = event.at_ms
     hour_ms = floor_hour(at_ms)
     late = book.billed_through_ms is not None and hour_ms < book.billed_through_ms
@@ -277,18 +298,20 @@ def _apply_workload(ctx: _Ctx, event: CostEvent) -> _Book | None:
     return book
 
 
-def _advance(ctx: _Ctx, at_ms: int, book: _Book | None) -> None:
+def _advance(ctx: _Ctx, at_ms: int, book: _Book | None, moves_watermark: bool = True) -> None:
     """Move the watermark; close every hour that is now complete."""
     state = ctx.state
-    if state.watermark_ms is None or at_ms > state.watermark_ms:
+    if moves_watermark and (state.watermark_ms is None or at_ms > state.watermark_ms):
         state.watermark_ms = at_ms
+    if state.watermark_ms is None:
+        return
     closed = floor_hour(state.watermark_ms - state.settings.close_delay_ms)
     if state.closed_through_ms is None or closed > state.closed_through_ms:
         state.closed_through_ms = closed
         for uid in list(state.active):
             _close(ctx, state.books[uid], closed)
-        _prune(state)
-    elif book is not None and book.uid in state.active:
+        _prune(ctx)
+    elif book is not None and book.uid in state.active and state.closed_through_ms is not None:
         _close(ctx, book, state.closed_through_ms)
 
 
@@ -393,9 +416,17 @@ def _extent(
 # --------------------------------------------------------------------------- closing and correcting
 
 
+def _reaches_past_billed(book: _Book, extent: tuple[int, int | None] | None) -> bool:
+    billed = book.billed_through_ms
+    if billed is None:
+        return True
+    return extent is not None and (extent[1] is None or ceil_hour(extent[1]) > billed)
+
+
 def _close(ctx: _Ctx, book: _Book, until_ms: int) -> None:
     """Emit regular rows for the workload's hours in ``[billed_through, until_ms)``."""
     state = ctx.state
+    ctx.changed[book.uid] = None
     start_ms = book.billed_through_ms
     assert start_ms is not None
     reservations, pods = _intervals(book)
@@ -418,7 +449,7 @@ def _close(ctx: _Ctx, book: _Book, until_ms: int) -> None:
                 break
             del emitted[oldest]
     # Nothing reaches past the billed hours any more: leave the active set.
-    if extent is None or (extent[1] is not None and ceil_hour(extent[1]) <= book.billed_through_ms):
+    if not _reaches_past_billed(book, extent):
         state.active.pop(book.uid, None)
         if book.finished is not None:
             state.finished_idle[book.uid] = book.billed_through_ms
@@ -604,8 +635,9 @@ def _budget_statuses(ctx: _Ctx) -> None:
 # --------------------------------------------------------------------------- pruning
 
 
-def _prune(state: CostState) -> None:
+def _prune(ctx: _Ctx) -> None:
     """Forget finished workloads whose hours are all final (past the correction horizon)."""
+    state = ctx.state
     assert state.closed_through_ms is not None
     final_before = state.closed_through_ms - state.settings.correction_horizon_ms
     while state.finished_idle:
@@ -615,6 +647,7 @@ def _prune(state: CostState) -> None:
         del state.finished_idle[uid]
         book = state.books.pop(uid)
         state.forgotten[uid] = book.finished[0] if book.finished else 0
+        ctx.changed[uid] = None
 
 
 # --------------------------------------------------------------------------- serialization
@@ -627,6 +660,34 @@ def _key_text(key: SeriesKey) -> str:
 def _key_from(text: str) -> SeriesKey:
     flavor, kind = text.rsplit("\t", 1)
     return flavor, kind
+
+
+def book_to_dict(book: _Book) -> dict[str, Any]:
+    """One workload's book as plain JSON-able values (its usage sums can exceed 64 bits)."""
+    return _book_to_dict(book)
+
+
+def book_from_dict(data: dict[str, Any]) -> _Book:
+    return _book_from_dict(data)
+
+
+def restore_books(state: CostState, books: Iterable[_Book]) -> CostState:
+    """Put stored books into a state whose watermark is known, re-deriving the active set and
+    the finished-idle queue from the books themselves (so a shell stores neither: each book
+    is self-contained and a crash between two book writes cannot lose a workload)."""
+    idle: list[tuple[int, str]] = []
+    for book in books:
+        state.books[book.uid] = book
+        reaches = _reaches_past_billed(
+            book, _extent(*_intervals(book), book.billed_through_ms if book.billed_through_ms is not None else 0)
+        )
+        if reaches:
+            state.active[book.uid] = None
+        elif book.finished is not None and book.billed_through_ms is not None:
+            idle.append((book.billed_through_ms, book.uid))
+    for billed, uid in sorted(idle):
+        state.finished_idle[uid] = billed
+    return state
 
 
 def _book_to_dict(book: _Book) -> dict[str, Any]:
@@ -687,6 +748,7 @@ def state_to_dict(state: CostState) -> dict[str, Any]:
             "correctionHorizonMs": s.correction_horizon_ms,
             "billingAccountId": s.billing_account_id,
             "defaultCurrency": s.default_currency,
+            "closeOnTicksOnly": s.close_on_ticks_only,
         },
         "watermarkMs": state.watermark_ms,
         "closedThroughMs": state.closed_through_ms,
@@ -719,6 +781,7 @@ def state_from_dict(data: dict[str, Any]) -> CostState:
             correction_horizon_ms=s["correctionHorizonMs"],
             billing_account_id=s["billingAccountId"],
             default_currency=s["defaultCurrency"],
+            close_on_ticks_only=bool(s.get("closeOnTicksOnly", False)),
         ),
         watermark_ms=data["watermarkMs"],
         closed_through_ms=data["closedThroughMs"],

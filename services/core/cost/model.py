@@ -364,3 +364,7 @@ class CostSettings:
     correction_horizon_ms: int = 7 * 24 * 3_600_000
     billing_account_id: str = "quartermaster"
     default_currency: str = "USD"
+    #: Only :class:`ClockTick` moves the watermark (hours close on ticks only). For inputs
+    #: merged from several topics, where one topic's event times can run ahead of another's
+    #: and would close hours before the other topic's facts for them arrived (ADR 0007).
+    close_on_ticks_only: bool = False
