@@ -109,6 +109,10 @@ class ServiceRuntime:
             consumer_auto_offset_reset="earliest",
             producer_acks=-1,
             table_standby_replicas=0,
+            # Handlers are idempotent folds (same event, same state, same outputs), so a rebalance
+            # need not wait for an event in flight; waiting could deadlock with an agent that is
+            # itself waiting for the acknowledgement of its outputs (seen after SIGKILL restarts).
+            stream_wait_empty=False,
             # A crashed worker's partitions move on within seconds, not faust's default minute.
             broker_session_timeout=float(os.environ.get("QM_SESSION_TIMEOUT_S", 10)),
             broker_heartbeat_interval=float(os.environ.get("QM_HEARTBEAT_INTERVAL_S", 2)),
