@@ -189,7 +189,6 @@ def _expire_idle_reservations(state: dict, ctx: Context, emit: _Emitter) -> bool
             identity=(uid, entry["reserved_at"], "expired"),
         )
         emit.released(entry, "PodsReadyTimeout", expired_at)
-        workload = entry["workload"]
         if expiries >= ctx.max_expiries:
             emit.add(
                 "qm.workloads",
@@ -209,28 +208,24 @@ def _expire_idle_reservations(state: dict, ctx: Context, emit: _Emitter) -> bool
                 identity=(uid, "deactivated"),
             )
             continue
-        backoff = min(ctx.backoff_base_s * 2 ** (expiries - 1), ctx.backoff_max_s)
-        workload["eligible_at"] = expired_at + backoff
-        workload["attempts"] = expiries
-        state["pending"][uid] = workload
-        emit.add(
-            "qm.workloads",
-            entry["cohort_key"],
-            WorkloadRequeued(
-                uid=uid,
-                namespace=entry["namespace"],
-                name=entry["name"],
-                cluster_queue=entry["cluster_queue"],
-                reason="PodsReadyTimeout",
-                requeue_at=iso(workload["eligible_at"]),
-                backoff_s=int(backoff),
-                attempt=expiries,
-            ),
-            identity=(uid, entry["reserved_at"], "requeued"),
-        )
+        _requeue(state, ctx, emit, entry, "PodsReadyTimeout", attempt=expiries, at=expired_at)
     if touched:
         emit.usage(state, touched)
     return bool(touched)
+
+
+def _requeue(state: dict, ctx: Context, emit: _Emitter, entry: dict, reason: str, *, attempt: int,
+             at: float) -> None:
+    """Back to the queue with Kueue's exponential backoff (base, doubled per attempt, capped)."""
+    workload = entry["workload"]
+    backoff = min(ctx.backoff_base_s * 2 ** (attempt - 1), ctx.backoff_max_s)
+    workload["eligible_at"] = at + backoff
+    workload["attempts"] = attempt
+    state["pending"][entry["uid"]] = workload
+    emit.add("qm.workloads", entry["cohort_key"], WorkloadRequeued(
+        uid=entry["uid"], namespace=entry["namespace"], name=entry["name"], cluster_queue=entry["cluster_queue"],
+        reason=reason, requeue_at=iso(workload["eligible_at"]), backoff_s=int(backoff), attempt=attempt),
+        identity=(entry["uid"], entry["reserved_at"], "requeued"))
 
 
 def _track_pod(state: dict, pod: PodRunning | PodFinished) -> None:
@@ -303,16 +298,8 @@ def _apply_preemption(state: dict, answer: PreemptionVictimsSelected, ctx: Conte
             reason=victim["reason"], preemptor=preemptor_name, grace_period_s=victim.get("grace_period_s", 0),
             evicted_at=iso(now)), identity=(entry["uid"], entry["reserved_at"], "evicted"))
         emit.released(entry, "Preempted", now)
-        workload = entry["workload"]
-        workload["attempts"] = workload.get("attempts", 0) + 1
-        backoff = min(ctx.backoff_base_s * 2 ** (workload["attempts"] - 1), ctx.backoff_max_s)
-        workload["eligible_at"] = now + backoff
-        state["pending"][entry["uid"]] = workload
         state["said"].pop(entry["uid"], None)
-        emit.add("qm.workloads", entry["cohort_key"], WorkloadRequeued(
-            uid=entry["uid"], namespace=entry["namespace"], name=entry["name"], cluster_queue=entry["cluster_queue"],
-            reason="Preempted", requeue_at=iso(workload["eligible_at"]), backoff_s=int(backoff),
-            attempt=workload["attempts"]), identity=(entry["uid"], entry["reserved_at"], "requeued"))
+        _requeue(state, ctx, emit, entry, "Preempted", attempt=entry["workload"].get("attempts", 0) + 1, at=now)
     if touched:
         emit.usage(state, touched)
     _drain(state, ctx, emit, only=[preemptor["uid"]])  # nominated: the freed quota is the preemptor's
