@@ -182,14 +182,6 @@ async def queues_view(web, request):
 
 @runtime.app.page("/usage/{namespace}")
 async def usage_view(web, request, namespace):
-    reserved: dict = {}
-    running: dict = {}
-    for entry in cohorts.values():
-        for admitted in entry["state"]["admitted"].values():
-            if admitted["namespace"] != namespace:
-                continue
-            target = running if admitted["running_at"] is not None else reserved
-            for flavor, by_res in admitted["usage"].items():
-                for resource, amount in by_res.items():
-                    target.setdefault(flavor, {})[resource] = target.get(flavor, {}).get(resource, 0) + amount
-    return web.json({"namespace": namespace, "reserved": reserved, "running": running})
+    admitted = [a for entry in cohorts.values() for a in entry["state"]["admitted"].values()]
+    reserved, running, total = fold.namespace_usage(admitted, namespace)
+    return web.json({"namespace": namespace, "reserved": reserved, "running": running, "total": total})

@@ -14,6 +14,7 @@ JSON-able dict so it can live in a faust table:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -523,6 +524,23 @@ def _place(state: dict, workload: dict, flavors: dict, counts: dict) -> tuple[li
     return placement, ""
 
 
+def namespace_usage(admitted: Iterable[dict], namespace: str) -> tuple[dict, dict, dict]:
+    """(reserved, running, total) of one namespace's admitted workloads: flavor -> resource -> milli
+    for reserved (pods not yet running) and running, resource -> milli for the total."""
+    reserved: dict[str, dict[str, int]] = {}
+    running: dict[str, dict[str, int]] = {}
+    total: dict[str, int] = {}
+    for entry in admitted:
+        if entry["namespace"] != namespace:
+            continue
+        target = running if entry["running_at"] is not None else reserved
+        for flavor, by_res in entry["usage"].items():
+            for resource, amount in by_res.items():
+                target.setdefault(flavor, {})[resource] = target.get(flavor, {}).get(resource, 0) + amount
+                total[resource] = total.get(resource, 0) + amount
+    return reserved, running, total
+
+
 class _Emitter:
     """Builds output envelopes caused by one input event, with deterministic ids."""
 
@@ -620,17 +638,7 @@ class _Emitter:
     def usage(self, state: dict, namespaces: set[str]) -> None:
         """Per-namespace usage in this cohort, reserved (not yet running) and running, by flavor."""
         for namespace in sorted(namespaces):
-            reserved: dict[str, dict[str, int]] = {}
-            running: dict[str, dict[str, int]] = {}
-            total: dict[str, int] = {}
-            for entry in state["admitted"].values():
-                if entry["namespace"] != namespace:
-                    continue
-                target = running if entry["running_at"] is not None else reserved
-                for flavor, by_res in entry["usage"].items():
-                    for resource, amount in by_res.items():
-                        target.setdefault(flavor, {})[resource] = target.get(flavor, {}).get(resource, 0) + amount
-                        total[resource] = total.get(resource, 0) + amount
+            reserved, running, total = namespace_usage(state["admitted"].values(), namespace)
             digest = repr((sorted(reserved.items()), sorted(running.items())))
             self.add(
                 "qm.usage",
