@@ -45,7 +45,7 @@ async def on_workload_event(envelope: Envelope, event) -> None:
     await runtime.apply_once(usage, envelope.payload.namespace, envelope, fold)
 
 
-runtime.consume("qm.workloads", on_workload_event)
+runtime.consume("qm.workloads", on_workload_event, batched=True)  # the table's only writer, as the services run
 
 if __name__ == "__main__":
     runtime.main()
