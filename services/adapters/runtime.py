@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from contextvars import ContextVar
@@ -19,6 +20,7 @@ from typing import Any
 import faust
 from faust.streams import _current_event as _faust_current_event
 from faust.streams import current_event
+from faust.transport.drivers.aiokafka import Consumer as _KafkaConsumer
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
 from services.adapters import logs
@@ -32,19 +34,35 @@ MESSAGES_DEAD_LETTERED = Counter(
     "qm_messages_dead_lettered_total", "Messages sent to a dead-letter topic", ["service", "topic", "kind"]
 )
 DUPLICATES_SKIPPED = Counter("qm_duplicate_events_skipped_total", "Redelivered events ignored", ["service", "table"])
+REWINDS = Counter(
+    "qm_partition_rewinds_total",
+    "Partitions read again from their last applied offset because the consumer skipped events",
+    ["service", "topic"],
+)
+REFETCHED_AFTER_REBALANCE = Counter(
+    "qm_events_left_for_refetch_total",
+    "Events fetched before a rebalance and left unprocessed (or their results discarded); "
+    "they are read again from the committed offset",
+    ["service", "topic"],
+)
 
 # How many recent event ids each table key remembers. Redelivery after a crash only replays
 # what was consumed since the last offset commit (a few seconds), far fewer than this per key.
 SEEN_WINDOW = 4096
+# How long a partition read again from its cursor may keep delivering older fetches before
+# the runtime seeks once more.
+REWIND_RETRY_S = 1.0
 
 
 class _Batch:
     """What one batch of events has staged: output acknowledgements to wait for, and table
     values to store once they have arrived."""
 
-    def __init__(self) -> None:
+    def __init__(self, cursors: Any = None) -> None:
         self.acks: list[Any] = []
         self.writes: dict[tuple[int, str], tuple[Any, str, Any, Any]] = {}
+        self.cursors = cursors  # the agent's applied-offset table
+        self.next_offsets: dict[Any, tuple[int, Any]] = {}  # tp -> (next offset, last event)
 
     def staged(self, table: Any, key: str) -> Any:
         hit = self.writes.get((id(table), key))
@@ -58,20 +76,85 @@ class _Batch:
         written: we wait for the changelog acks ourselves."""
         for ack in self.acks:
             await ack
-        changelog_acks = []
-        for table, key, value, event in self.writes.values():
-            # faust keys a table's changelog partition and its store on "the current event".
-            token = _faust_current_event.set(weakref.ref(event))
-            try:
-                changelog_acks.append(table.send_changelog(event.message.partition, key, value))
-                table.data[key] = value
-            finally:
-                _faust_current_event.reset(token)
+        changelog_acks = [_store(table, key, value, event) for table, key, value, event in self.writes.values()]
         for ack in changelog_acks:
+            await ack
+        # Only once the states are stored may the cursor say their events are applied.
+        cursor_acks = [_store(self.cursors, str(tp.partition), offset, event)
+                       for tp, (offset, event) in self.next_offsets.items()]
+        for ack in cursor_acks:
             await ack
 
 
+def _store(table: Any, key: str, value: Any, event: Any) -> Any:
+    """Write one table value and send its changelog record to the event's partition."""
+    # faust keys a table's changelog partition and its store on "the current event".
+    token = _faust_current_event.set(weakref.ref(event))
+    try:
+        ack = table.send_changelog(event.message.partition, key, value)
+        table.data[key] = value
+        return ack
+    finally:
+        _faust_current_event.reset(token)
+
+
 _current_batch: ContextVar[_Batch | None] = ContextVar("qm_batch", default=None)
+
+
+class _HandledOnlyConsumer(_KafkaConsumer):
+    """faust's consumer, acknowledging a message of a `consume()`d topic only once the runtime
+    has handled it and stored the result.
+
+    faust itself acknowledges messages it never processed: one fetched before a rebalance and
+    skipped after it, and the rest of a `take()` buffer when the agent stops. An offset commit
+    could then pass events whose state was never stored, and the next owner of the partition
+    would never see them (seen in CI: a window of a cohort's events lost after two rebalances
+    in a row). Dropping those acks keeps Kafka's committed offsets honest; where reading
+    resumes is decided by the runtime's applied-offset cursors (`seek_to_committed`)."""
+
+    def ack(self, message: Any) -> bool:
+        app = self.app
+        guarded = getattr(app, "qm_guarded_topics", ())
+        if message.topic in guarded and message not in app.qm_handled:
+            message.acked = True
+            self._unacked_messages.discard(message)
+            return False
+        return super().ack(message)
+
+    async def seek_to_committed(self) -> Any:
+        """Position every assigned partition where its agent's applied-offset cursor says
+        (see `ServiceRuntime.positions_after_assignment`), and report those positions to faust
+        as the committed offsets, so that its commit bookkeeping starts there too."""
+        committed = await super().seek_to_committed()
+        runtime = getattr(self.app, "qm_runtime", None)
+        if runtime is None:
+            return committed
+        thread = self._thread
+        consumer = thread._ensure_consumer()
+        unstarted = runtime.unstarted(committed)
+        starts = await thread.call_thread(consumer.beginning_offsets, unstarted) if unstarted else {}
+        positions = runtime.positions_after_assignment(committed, starts)
+        for tp, offset in positions.items():
+            if offset != committed.get(tp):
+                await thread.call_thread(self._seek_now, consumer, tp, offset)
+        return {**committed, **positions}
+
+    @staticmethod
+    async def _seek_now(consumer: Any, tp: Any, offset: int) -> None:
+        consumer.seek(tp, offset)
+
+
+class _App(faust.App):
+    """A faust App whose consumer acknowledges only what the runtime handled (see above)."""
+
+    qm_guarded_topics: set[str]
+    qm_handled: weakref.WeakSet
+    qm_runtime: ServiceRuntime
+
+    def _new_transport(self):
+        transport = super()._new_transport()
+        transport.Consumer = _HandledOnlyConsumer
+        return transport
 
 
 class TemporaryError(Exception):
@@ -96,7 +179,7 @@ class ServiceRuntime:
         logs.configure(settings.service, settings.log_level)
         Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
         self.log = logs.bind(logging.getLogger(f"qm.{settings.service}"), service=settings.service)
-        self.app = faust.App(
+        self.app = _App(
             settings.app_id,
             broker=f"kafka://{settings.kafka_bootstrap}",
             store=settings.store,
@@ -119,6 +202,14 @@ class ServiceRuntime:
             broker_rebalance_timeout=float(os.environ.get("QM_REBALANCE_TIMEOUT_S", 20)),
             **faust_options,
         )
+        self.app.qm_guarded_topics = set()
+        self.app.qm_handled = weakref.WeakSet()
+        self.app.qm_runtime = self
+        # Per consumed topic: the table of applied offsets, and this worker's cursors for the
+        # partitions it owns now (the next offset each expects; reset at every assignment).
+        self._cursor_tables: dict[str, faust.Table] = {}
+        self._next_offset: dict[Any, int] = {}
+        self._rewinding: dict[Any, tuple[int, float]] = {}  # tp -> (offset sought, when)
         self._topics: dict[str, faust.TopicT] = {}
         self.batch_size = int(os.environ.get("QM_BATCH_SIZE", 500))
         self.batch_within_s = float(os.environ.get("QM_BATCH_WITHIN_S", 0.02))
@@ -193,20 +284,111 @@ class ServiceRuntime:
                     yield events
 
         async def agent(stream):
-            # Outputs of a batch are awaited together, then its states stored: apply_once's
-            # order, one broker round trip per batch instead of one per event.
             async for events in batches(stream):
-                batch = _Batch()
-                token = _current_batch.set(batch)
-                try:
-                    for event in events:
-                        await handle(event)
-                    await batch.commit()
-                finally:
-                    _current_batch.reset(token)
+                await runtime.process(events, handle, topic_name)
 
         agent.__name__ = agent_name or f"consume_{topic_name.replace('.', '_')}"
         self.app.agent(source, name=agent.__name__)(agent)
+        self.guard(source, agent.__name__)
+
+    def guard(self, source: faust.TopicT, agent_name: str) -> None:
+        """Acknowledge messages of this topic only once `process()` has handled them, and keep
+        the offset up to which its partitions are applied in a table of their own."""
+        name = source.get_topic_name()
+        self.app.qm_guarded_topics.add(name)
+        self._cursor_tables[name] = self.table(
+            f"{agent_name}-applied", partitions=source.partitions or 1,
+            help=f"next offset of {name} to apply, per partition",
+        )
+
+    async def process(self, events: list[Any], handle: Callable[[Any], Awaitable[None]], label: str) -> None:
+        """Apply a batch of events in offset order, then store what it staged, then let faust
+        acknowledge it (ADR 0011).
+
+        Each partition's cursor (the next offset to apply) decides what is applied: an event
+        below it was applied already and is passed over; one above it means events in between
+        were never applied here (faust can skip and still acknowledge them around a rebalance),
+        so the partition is read again from the cursor. Outputs of a batch are awaited
+        together, then its states stored, then the cursors. A batch that a rebalance overtook
+        stores nothing: its events are read again by whoever owns the partition now."""
+        cursors = self._cursor_tables.get(events[0].message.topic) if events else None
+        batch = _Batch(cursors)
+        token = _current_batch.set(batch)
+        try:
+            handled = []
+            for event in events:
+                if not self.is_current(event):
+                    continue  # fetched before a rebalance: read again after it
+                tp, offset = event.message.tp, event.message.offset
+                expected = batch.next_offsets[tp][0] if tp in batch.next_offsets else self._next_offset.get(tp)
+                if expected is not None and offset < expected:
+                    handled.append(event)  # applied before
+                    continue
+                if expected is not None and offset > expected:
+                    await self._rewind(tp, expected, offset, label)
+                    continue
+                self._rewinding.pop(tp, None)
+                await handle(event)
+                handled.append(event)
+                batch.next_offsets[tp] = (offset + 1, event)
+            if not all(self.is_current(event) for event in handled):
+                # Its partitions may have moved and their tables been recovered anew. The
+                # outputs already sent are the ones the fold sends again, with the same ids.
+                REFETCHED_AFTER_REBALANCE.labels(self.settings.service, label).inc(len(handled))
+                return
+            await batch.commit()
+            # The rebalance check and the cursor update have no await between them.
+            self._next_offset.update({tp: offset for tp, (offset, _) in batch.next_offsets.items()})
+            self.app.qm_handled.update(event.message for event in handled)
+        finally:
+            _current_batch.reset(token)
+
+    async def _rewind(self, tp: Any, expected: int, got: int, label: str) -> None:
+        """Read a partition again from the first offset not yet applied. Events fetched before
+        the seek keep arriving for a while (passed over here); if the re-read has not begun
+        within a second, seek again: faust drops re-read messages below the offset of a fetch
+        that was still being delivered when the seek happened."""
+        now = time.monotonic()
+        last = self._rewinding.get(tp)
+        if last is not None and last[0] == expected and now - last[1] < REWIND_RETRY_S:
+            return
+        self._rewinding[tp] = (expected, now)
+        REWINDS.labels(self.settings.service, label).inc()
+        self.log.warning("events skipped by the consumer; reading the partition again from the first not applied",
+                         topic=tp.topic, partition=tp.partition, offset=got,
+                         detail=f"first offset not applied: {expected}")
+        await self.app.consumer.seek(tp, expected)
+
+    def unstarted(self, committed: dict[Any, int | None]) -> list[Any]:
+        """Assigned partitions with neither a stored cursor nor a committed offset."""
+        return [tp for tp, offset in committed.items()
+                if tp.topic in self._cursor_tables and not offset
+                and self._cursor_tables[tp.topic].data.get(str(tp.partition)) is None]
+
+    def positions_after_assignment(self, committed: dict[Any, int | None], starts: dict[Any, int]) -> dict[Any, int]:
+        """Where each assigned partition of a consumed topic is read from, and the cursor
+        that checks it: the stored cursor when there is one (whatever Kafka's committed offset
+        says), else the committed offset, else the partition's first offset (`starts`).
+        Called by the consumer after every assignment, once the tables are recovered."""
+        self._next_offset.clear()
+        self._rewinding.clear()
+        positions = {}
+        for tp, offset in committed.items():
+            cursors = self._cursor_tables.get(tp.topic)
+            if cursors is None:
+                continue
+            stored = cursors.data.get(str(tp.partition))
+            position = stored if stored is not None else offset if offset else starts.get(tp)
+            if position is not None:
+                self._next_offset[tp] = positions[tp] = position
+        return positions
+
+    def is_current(self, event: Any) -> bool:
+        """Whether an event was fetched in the consumer group's current generation and no
+        rebalance is under way: only then do this worker's tables hold its partition's state."""
+        app = self.app
+        return (not app.rebalancing and app.flow_control.is_active()
+                and event.message.generation_id == app.consumer_generation_id)
 
     async def dead_letter(self, topic_name: str, event: Any, error: str, *, kind: str) -> None:
         message = event.message

@@ -171,17 +171,24 @@ def _budget_fold(state, envelope: Envelope):
     return new_state, [Output(m.topic, m.key, m.envelope) for m in messages]
 
 
+async def _fold_budget(event) -> None:
+    try:
+        envelope = decode(event.value)
+        await runtime.apply_once(budget_table, envelope.payload.x_CostCenter, envelope, _budget_fold)
+    except TemporaryError:
+        raise
+    except Exception as error:  # noqa: BLE001
+        runtime.log.exception("budget fold failed; message dead-lettered")
+        await runtime.dead_letter("qm.billing", event, f"handler: {type(error).__name__}: {error}", kind="handler")
+
+
 @runtime.app.agent(by_cost_center, name="fold_budgets")
 async def fold_budgets(stream):
     async for event in stream.events():
-        try:
-            envelope = decode(event.value)
-            await runtime.apply_once(budget_table, envelope.payload.x_CostCenter, envelope, _budget_fold)
-        except TemporaryError:
-            raise
-        except Exception as error:  # noqa: BLE001
-            runtime.log.exception("budget fold failed; message dead-lettered")
-            await runtime.dead_letter("qm.billing", event, f"handler: {type(error).__name__}: {error}", kind="handler")
+        await runtime.process([event], _fold_budget, "by-cost-center")
+
+
+runtime.guard(by_cost_center, "fold_budgets")
 
 
 @runtime.app.page("/allocation")

@@ -368,23 +368,26 @@ async def test_evict_signals_checkpoint_before_pods_stop_then_suspends(admin: Ku
         await wait_until(lambda: len(running_pods()) == 2, 60, what="2 pods running")
 
         # Watch the pods as the workload would see them: when does the checkpoint signal
-        # appear, when does deletion start.
+        # appear, when does deletion start. A watch, not polling: kwok removes a deleted pod
+        # within milliseconds, which a poll on a slow machine can miss entirely.
         first_signal: dict[str, float] = {}
         first_deleting: dict[str, float] = {}
-        stop_poll = asyncio.Event()
+        pods_path = resource_path("", "v1", "pods", NS)
+        listed = await admin.get(pods_path)
 
         async def poll():
-            while not stop_poll.is_set():
-                pods = await admin.get(resource_path("", "v1", "pods", NS),
-                                       labelSelector=f"batch.kubernetes.io/controller-uid={uid}")
-                now = time.monotonic()
-                for pod in pods["items"]:
-                    name = pod["metadata"]["name"]
+            version = listed["metadata"]["resourceVersion"]
+            while True:
+                async for event in admin.watch(pods_path, resource_version=version, timeout_s=60, bookmarks=False):
+                    pod = event["object"]
+                    version = pod["metadata"].get("resourceVersion", version)
+                    if (pod["metadata"].get("labels") or {}).get("batch.kubernetes.io/controller-uid") != uid:
+                        continue
+                    now, name = time.monotonic(), pod["metadata"]["name"]
                     if ANN_CHECKPOINT in (pod["metadata"].get("annotations") or {}):
                         first_signal.setdefault(name, now)
-                    if pod["metadata"].get("deletionTimestamp"):
+                    if pod["metadata"].get("deletionTimestamp") or event["type"] == "DELETED":
                         first_deleting.setdefault(name, now)
-                await asyncio.sleep(0.1)
 
         poller = asyncio.create_task(poll())
         grace_s = 3
@@ -398,8 +401,8 @@ async def test_evict_signals_checkpoint_before_pods_stop_then_suspends(admin: Ku
             return [e["payload"] for e in log.events(normalize.POD_FINISHED) if e["payload"]["workload_uid"] == uid]
 
         await wait_until(lambda: len(finished()) == 2, 60, what="evicted pods to stop")
-        stop_poll.set()
-        await poller
+        await wait_until(lambda: len(first_deleting) == 2, 30, what="the watch to see both deletions")
+        poller.cancel()
 
         pod_names = {p["name"] for p in running_pods()}
         assert set(first_signal) == pod_names, "every running pod got the checkpoint signal"

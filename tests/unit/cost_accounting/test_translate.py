@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from services.contracts.codec import make_envelope
-from services.contracts.events import ClockTick, PodRunning, WorkloadPending, WorkloadQuotaReserved, WorkloadRunning
+from services.contracts.events import (
+    ClockTick,
+    PodRunning,
+    WorkloadPending,
+    WorkloadQuotaReserved,
+    WorkloadRunning,
+)
 from services.core.cost import ClockTick as CoreTick
 from services.core.cost import PodsRunning, PodsStopped, ReservationStarted
 from services.cost_accounting.translate import translate

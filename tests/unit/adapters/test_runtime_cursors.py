@@ -1,0 +1,102 @@
+"""The runtime's applied-offset cursors (ADR 0011), with a fake consumer in place of faust's:
+which events a batch applies, passes over, or sends back to be read again."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from faust.types import TP
+
+from services.adapters.runtime import ServiceRuntime
+from services.adapters.settings import Settings
+
+
+class FakeConsumer:
+    """Stands in for faust's consumer: records where the runtime asked to read from."""
+
+    def __init__(self) -> None:
+        self.seeks: list[tuple[TP, int]] = []
+
+    async def seek(self, tp: TP, offset: int) -> None:
+        self.seeks.append((tp, offset))
+
+
+class Message:
+    def __init__(self, tp: TP, offset: int, generation_id: int) -> None:
+        self.tp, self.topic, self.partition = tp, tp.topic, tp.partition
+        self.offset, self.generation_id = offset, generation_id
+
+
+class Event:
+    def __init__(self, message: Message) -> None:
+        self.message = message
+
+
+@pytest.fixture
+def runtime():
+    runtime = ServiceRuntime(Settings(service="cursor-test", app_id_suffix=f"-{uuid.uuid4().hex[:6]}"))
+    source = runtime.topic("qm.workloads")
+    runtime.guard(source, "fold")
+    runtime.app.consumer = FakeConsumer()
+    runtime.app.flow_control.resume()  # as after an assignment's recovery
+    runtime.tp = TP(source.get_topic_name(), 0)
+    assert runtime.is_current(Event(Message(runtime.tp, 0, runtime.app.consumer_generation_id)))
+    return runtime
+
+
+def events(runtime, *offsets, generation=0):
+    return [Event(Message(runtime.tp, offset, generation)) for offset in offsets]
+
+
+async def test_events_below_the_cursor_are_passed_over_and_acknowledged(runtime):
+    runtime._next_offset[runtime.tp] = 10
+    applied = []
+
+    async def handle(event):
+        applied.append(event.message.offset)
+
+    batch = events(runtime, 8, 9)
+    await runtime.process(batch, handle, "qm.workloads")
+    assert applied == []
+    assert all(e.message in runtime.app.qm_handled for e in batch)
+    assert runtime.app.consumer.seeks == []
+
+
+async def test_a_gap_reads_the_partition_again_from_the_cursor_once(runtime):
+    runtime._next_offset[runtime.tp] = 10
+    applied = []
+
+    async def handle(event):
+        applied.append(event.message.offset)
+
+    batch = events(runtime, 12, 13, 14)
+    await runtime.process(batch, handle, "qm.workloads")
+    assert applied == []
+    assert runtime.app.consumer.seeks == [(runtime.tp, 10)]  # once, not once per event
+    assert not any(e.message in runtime.app.qm_handled for e in batch)  # never acknowledged
+
+
+async def test_events_fetched_in_an_earlier_generation_are_left_alone(runtime):
+    runtime.app.consumer_generation_id = 3
+    applied = []
+
+    async def handle(event):
+        applied.append(event.message.offset)
+
+    batch = events(runtime, 0, 1, generation=2)
+    await runtime.process(batch, handle, "qm.workloads")
+    assert applied == []
+    assert not any(e.message in runtime.app.qm_handled for e in batch)
+
+
+def test_after_an_assignment_the_stored_cursor_wins_over_kafkas_committed_offset(runtime):
+    name = runtime.tp.topic
+    runtime._cursor_tables[name].data["0"] = 7
+    p0, p1, p2 = TP(name, 0), TP(name, 1), TP(name, 2)
+    other = TP("not-consumed", 0)
+    committed = {p0: 3, p1: 5, p2: None, other: 9}
+    assert runtime.unstarted(committed) == [p2]
+    positions = runtime.positions_after_assignment(committed, {p2: 0})
+    assert positions == {p0: 7, p1: 5, p2: 0}  # cursor, else committed, else the first offset
+    assert runtime._next_offset == positions
