@@ -52,6 +52,8 @@ SEEN_WINDOW = 4096
 # How long a partition read again from its cursor may keep delivering older fetches before
 # the runtime seeks once more.
 REWIND_RETRY_S = 1.0
+# How far a partition's stored cursor may trail events that changed no state.
+CURSOR_LAG_MAX = 1000
 
 
 class _Batch:
@@ -79,9 +81,16 @@ class _Batch:
         changelog_acks = [_store(table, key, value, event) for table, key, value, event in self.writes.values()]
         for ack in changelog_acks:
             await ack
-        # Only once the states are stored may the cursor say their events are applied.
-        cursor_acks = [_store(self.cursors, str(tp.partition), offset, event)
-                       for tp, (offset, event) in self.next_offsets.items()]
+        # Only once the states are stored may the cursor say their events are applied. A
+        # batch that stored nothing need not move the stored cursor (the worker checks with
+        # its own in memory); re-applying it after a restart stores nothing and re-sends outputs
+        # with the same ids. Bounded so a
+        # restart does not re-read a long run of such events.
+        cursor_acks = []
+        for tp, (offset, event) in self.next_offsets.items():
+            stored = self.cursors.data.get(str(tp.partition))
+            if self.writes or stored is None or offset - stored >= CURSOR_LAG_MAX:
+                cursor_acks.append(_store(self.cursors, str(tp.partition), offset, event))
         for ack in cursor_acks:
             await ack
 
@@ -210,6 +219,7 @@ class ServiceRuntime:
         self._cursor_tables: dict[str, faust.Table] = {}
         self._next_offset: dict[Any, int] = {}
         self._rewinding: dict[Any, tuple[int, float]] = {}  # tp -> (offset sought, when)
+        self.app.timer(REWIND_RETRY_S, name="retry_rewinds")(self._retry_rewinds)
         self._topics: dict[str, faust.TopicT] = {}
         self.batch_size = int(os.environ.get("QM_BATCH_SIZE", 500))
         self.batch_within_s = float(os.environ.get("QM_BATCH_WITHIN_S", 0.02))
@@ -344,20 +354,28 @@ class ServiceRuntime:
             _current_batch.reset(token)
 
     async def _rewind(self, tp: Any, expected: int, got: int, label: str) -> None:
-        """Read a partition again from the first offset not yet applied. Events fetched before
-        the seek keep arriving for a while (passed over here); if the re-read has not begun
-        within a second, seek again: faust drops re-read messages below the offset of a fetch
-        that was still being delivered when the seek happened."""
-        now = time.monotonic()
-        last = self._rewinding.get(tp)
-        if last is not None and last[0] == expected and now - last[1] < REWIND_RETRY_S:
+        """Read a partition again from the first offset not yet applied (once per gap; see
+        `_retry_rewinds` for when the re-read does not come)."""
+        if tp in self._rewinding and self._rewinding[tp][0] == expected:
             return
-        self._rewinding[tp] = (expected, now)
+        self._rewinding[tp] = (expected, time.monotonic())
         REWINDS.labels(self.settings.service, label).inc()
         self.log.warning("events skipped by the consumer; reading the partition again from the first not applied",
                          topic=tp.topic, partition=tp.partition, offset=got,
                          detail=f"first offset not applied: {expected}")
         await self.app.consumer.seek(tp, expected)
+
+    async def _retry_rewinds(self, *_app: Any) -> None:
+        """Seek again where a re-read has not begun within REWIND_RETRY_S: faust drops re-read
+        messages below the offset of a fetch that was still being delivered at the seek, and
+        at the end of a partition no later event would notice."""
+        if self.app.rebalancing:
+            return
+        now = time.monotonic()
+        for tp, (expected, since) in list(self._rewinding.items()):
+            if now - since >= REWIND_RETRY_S:
+                self._rewinding[tp] = (expected, now)
+                await self.app.consumer.seek(tp, expected)
 
     def unstarted(self, committed: dict[Any, int | None]) -> list[Any]:
         """Assigned partitions with neither a stored cursor nor a committed offset."""

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.browser import pixels_near, screenshot
+
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,3 +34,9 @@ def test_qm_demo_runs_the_services_on_a_simulated_cluster_and_writes_a_report(ka
     page = report.read_text()
     assert page.count("<svg") == 4  # utilization/queue, wait, usage by team, cost by cost center
     assert "GPU-hours by team" in page and "Cost by cost center" in page
+
+    # Opened in a browser, the report draws its charts: the series and bars are blue (#2563eb),
+    # the second series red (#dc2626); a blank or broken SVG draws none of them.
+    png = screenshot(report, tmp_path / "report.png")
+    assert pixels_near(png, (0x25, 0x63, 0xEB)) > 2000, "no chart lines or bars drawn"
+    assert pixels_near(png, (0xDC, 0x26, 0x26)) > 200, "the second series of the utilization chart is missing"

@@ -100,3 +100,20 @@ def test_after_an_assignment_the_stored_cursor_wins_over_kafkas_committed_offset
     positions = runtime.positions_after_assignment(committed, {p2: 0})
     assert positions == {p0: 7, p1: 5, p2: 0}  # cursor, else committed, else the first offset
     assert runtime._next_offset == positions
+
+
+async def test_a_rewind_without_a_re_read_is_sought_again_after_a_second(runtime, monkeypatch):
+    """At the end of a partition no later event would notice that the re-read was dropped."""
+    clock = [100.0]
+    monkeypatch.setattr("services.adapters.runtime.time.monotonic", lambda: clock[0])
+    runtime._next_offset[runtime.tp] = 10
+
+    async def handle(event):
+        raise AssertionError("nothing above the cursor may be applied")
+
+    await runtime.process(events(runtime, 12), handle, "qm.workloads")
+    await runtime._retry_rewinds()
+    assert runtime.app.consumer.seeks == [(runtime.tp, 10)]  # not yet: the re-read may be on its way
+    clock[0] += 1.5
+    await runtime._retry_rewinds()
+    assert runtime.app.consumer.seeks == [(runtime.tp, 10), (runtime.tp, 10)]
