@@ -28,6 +28,7 @@ class Observed:
     rejections: Counter = field(default_factory=Counter)  # message -> count
     waits_s: list[tuple[str, float]] = field(default_factory=list)  # (reserved at, wait seconds)
     validated_at: dict[str, float] = field(default_factory=dict)
+    events: int = 0  # records read so far, to tell when the services have gone quiet
     timeline: list[dict] = field(default_factory=list)
 
     def apply(self, envelope) -> None:
@@ -88,6 +89,24 @@ class Observed:
         return out
 
 
+async def settle(observed: Observed, submitted: int, *, quiet_s: float = 3.0, cap_s: float = 60.0) -> None:
+    """Wait until every submission is judged and the services have said nothing new for
+    `quiet_s` (the last decisions and ledger rows have landed), at most `cap_s`: a slow
+    machine takes longer than any fixed pause."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + cap_s
+    seen, quiet_since = observed.events, loop.time()
+
+    def settled() -> bool:
+        judged = observed.validated + observed.rejected >= submitted
+        return judged and loop.time() - quiet_since >= quiet_s
+
+    while loop.time() < deadline and not settled():
+        await asyncio.sleep(0.25)
+        if observed.events != seen:
+            seen, quiet_since = observed.events, loop.time()
+
+
 async def follow(bootstrap: str, prefix: str, observed: Observed, stop: asyncio.Event) -> None:
     topics = [prefix + t for t in ("qm.workloads", "qm.usage", "qm.billing")]
     consumer = AIOKafkaConsumer(*topics, bootstrap_servers=bootstrap, enable_auto_commit=False,
@@ -98,6 +117,7 @@ async def follow(bootstrap: str, prefix: str, observed: Observed, stop: asyncio.
             batch = await consumer.getmany(timeout_ms=300)
             for records in batch.values():
                 for record in records:
+                    observed.events += 1
                     try:
                         observed.apply(decode(record.value))
                     except ContractError:

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from services.adapters.bus import create_topics
 from services.demo import report
-from services.demo.observe import Observed, follow
+from services.demo.observe import Observed, follow, settle
 from services.demo.stack import REPO, Stack
 from services.sim.config import write_kueue_config
 from services.sim.runner import SimStats, run_simulation
@@ -97,7 +97,7 @@ async def run_demo(options: DemoOptions, console: Console) -> dict:
                     await asyncio.sleep(0.25)
                     live.update(_view(stats_box["stats"], observed, started))
         final = await simulation
-        await asyncio.sleep(3)  # let the last decisions and ledger rows land
+        await settle(observed, final.submitted)  # let the last decisions and ledger rows land
         stop.set()
         await follower
     finally:

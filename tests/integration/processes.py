@@ -60,12 +60,13 @@ class Worker:
         return self.log_path.read_text()[-4000:] if self.log_path.exists() else ""
 
 
-def start_worker(module: str, env: dict[str, str], log_path: Path) -> Worker:
+def start_worker(module: str, env: dict[str, str], log_path: Path, loglevel: str | None = None) -> Worker:
     port = free_port()
     full_env = {**os.environ, **env, "QM_WEB_PORT": str(port), "PYTHONPATH": str(REPO)}
     log_file = open(log_path, "ab")  # noqa: SIM115 - closed with the process
     process = subprocess.Popen(
-        [sys.executable, "-m", module, "worker", "--loglevel", os.environ.get("QM_TEST_WORKER_LOGLEVEL", "warn")],
+        [sys.executable, "-m", module, "worker", "--loglevel",
+         loglevel or os.environ.get("QM_TEST_WORKER_LOGLEVEL", "warn")],
         cwd=REPO,
         env=full_env,
         stdout=log_file,

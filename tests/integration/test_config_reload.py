@@ -4,7 +4,6 @@ which keeps its last good set."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import subprocess
@@ -58,7 +57,7 @@ async def test_published_policy_set_applies_and_an_invalid_one_is_refused(kafka_
                               total={"nvidia.com/gpu": 12000}, as_of=AT)
         await bus.publish("qm.usage", "ml-team", make_envelope(usage, producer="test", occurred_at=AT))
         await bus.flush()
-    worker = start_worker("services.admission", env, tmp_path / "admission.log")
+    worker = start_worker("services.admission", env, tmp_path / "admission.log", loglevel="info")
     try:
         worker.wait_ready()
         cli = [sys.executable, "-m", "services.cli.main", "config", "publish", "--bootstrap", kafka_bootstrap,
@@ -66,7 +65,7 @@ async def test_published_policy_set_applies_and_an_invalid_one_is_refused(kafka_
         published = subprocess.run([*cli, str(policy_dir(tmp_path, 16))], cwd=REPO, capture_output=True, text=True,
                                    env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
         assert published.returncode == 0, published.stderr
-        await asyncio.sleep(2)  # the service follows qm.config
+        await _logged(tmp_path / "admission.log", "config applied")  # the service follows qm.config
         async with Publisher(kafka_bootstrap, topic_prefix) as bus:
             await bus.publish("qm.cluster", "uid-eight", submitted("eight", 8))
             await bus.flush()
@@ -90,7 +89,8 @@ async def test_published_policy_set_applies_and_an_invalid_one_is_refused(kafka_
         raw = snapshot([Document(str(broken / "constraint.yaml"), 0, constraint)], 2, "test")
         async with Publisher(kafka_bootstrap, topic_prefix) as bus:
             await bus.publish("qm.config", "active", make_envelope(raw, producer="test", occurred_at=AT))
-            await asyncio.sleep(2)
+            await bus.flush()
+            await _logged(tmp_path / "admission.log", "config refused; the previous set stays active")
             await bus.publish("qm.cluster", "uid-eight-again", submitted("eight-again", 8))
             await bus.flush()
         again = await _wait(judged, "eight-again")
@@ -98,6 +98,15 @@ async def test_published_policy_set_applies_and_an_invalid_one_is_refused(kafka_
     finally:
         worker.stop()
     assert "config refused; the previous set stays active" in (tmp_path / "admission.log").read_text()
+
+
+async def _logged(log: Path, line: str) -> None:
+    """Wait for the service to say it has acted on a published set (no fixed sleep: CI is slow)."""
+
+    async def said():
+        return log.exists() and line in log.read_text()
+
+    await wait_for(said, 60, f"the admission log to say {line!r}")
 
 
 async def _wait(judged, name):
