@@ -93,6 +93,22 @@ async def follow_live_state() -> None:
     await replica.run()
 
 
+@runtime.app.page("/live-state")
+async def live_state(web, request):
+    """What the policies see for a namespace right now: its object, live usage and budget.
+    On call: "why was this refused?" starts here."""
+    namespace = request.query.get("namespace")
+    if not namespace:
+        return web.json({"code": 400, "message": "name the namespace: /live-state?namespace=<name>"}, status=400)
+    namespace_object = replica.namespace(namespace)
+    return web.json({
+        "caughtUp": replica.ready(),
+        "namespace": namespace_object,
+        "usage": replica.usage(namespace),
+        "budget": replica.budget(cost_center_of({}, namespace_object)) if namespace_object else None,
+    })
+
+
 def apply_config(payload) -> None:
     """A new active set from qm.config: policies and queues switch together, or not at all."""
     global config

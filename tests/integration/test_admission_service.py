@@ -3,7 +3,8 @@ GPU maximum (the field report's K8sBanExcessGpuQuota), the verdict lands on qm.w
 
 from __future__ import annotations
 
-import asyncio
+import json
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -69,7 +70,13 @@ async def test_namespace_gpu_maximum_counts_live_usage(kafka_bootstrap, topic_pr
         async with Publisher(kafka_bootstrap, topic_prefix) as bus:
             await bus.publish("qm.usage", "ml-team", usage(20, "20"))
             await bus.flush()
-            await asyncio.sleep(1.5)  # the replica follows qm.usage
+
+            async def replica_sees_20():  # the service follows qm.usage; its page shows what policies see
+                state = json.loads(urllib.request.urlopen(
+                    f"http://127.0.0.1:{worker.port}/live-state?namespace=ml-team", timeout=5).read())
+                return (state["usage"] or {}).get("total", {}).get("nvidia.com/gpu") == 20000
+
+            await wait_for(replica_sees_20, 60, "admission's replica to see 20 GPU in use")
             await bus.publish("qm.cluster", "uid-llm-8gpu-retry", submitted("llm-8gpu-retry", 8))
             await bus.flush()
 
