@@ -598,7 +598,7 @@ async def step4(pl: Player) -> StepResult:
 
 
 async def run_seed(bootstrap: str, *, step_timeout_s: float = 20.0, progress: Callable[[str], None] | None = None,
-                   base_port: int = 6180) -> dict:
+                   base_port: int | None = None) -> dict:
     say = progress or (lambda _: None)
     started = time.monotonic()
     run = uuid.uuid4().hex[:8]
@@ -613,7 +613,7 @@ async def run_seed(bootstrap: str, *, step_timeout_s: float = 20.0, progress: Ca
         "QM_CONFIG_DIR": str(config_dir), "QM_POLICY_DIR": str(REPO / "policies" / "library"),
         "QM_STORE": "memory://", "QM_DATA_DIR": str(run_dir / "data"),
         "QM_PODS_READY_TIMEOUT_S": "300",
-    }, base_port=base_port)
+    }, **({"base_port": base_port} if base_port else {}))
     say(f"topics {prefix}* on {bootstrap}; config and logs in {run_dir}")
     say("starting admission, queue-manager, preemption and cost-accounting…")
     stack.start()

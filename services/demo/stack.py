@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,11 +17,30 @@ REPO = Path(__file__).resolve().parents[2]
 SERVICES = ("admission", "queue-manager", "preemption", "cost-accounting")
 
 
+def free_base_port(count: int = len(SERVICES)) -> int:
+    """A base port with `count` free consecutive ports after it: two stacks on one machine (a
+    demo and a benchmark, say) must never answer each other's readiness checks."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + count >= 65535:
+            continue
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no free run of ports for the services")
+
+
 @dataclass
 class Stack:
     run_dir: Path
     env: dict[str, str]
-    base_port: int = 6170
+    base_port: int = field(default_factory=free_base_port)
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     def port(self, service: str) -> int:
