@@ -21,6 +21,7 @@ import faust
 from faust.streams import _current_event as _faust_current_event
 from faust.streams import current_event
 from faust.transport.drivers.aiokafka import Consumer as _KafkaConsumer
+from faust.transport.drivers.aiokafka import ensure_aiokafka_TP
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
 from services.adapters import logs
@@ -150,7 +151,21 @@ class _HandledOnlyConsumer(_KafkaConsumer):
 
     @staticmethod
     async def _seek_now(consumer: Any, tp: Any, offset: int) -> None:
-        consumer.seek(tp, offset)
+        consumer.seek(ensure_aiokafka_TP(tp), offset)
+
+    async def seek_safely(self, tp: Any, offset: int) -> bool:
+        """Seek one partition on the consumer's own thread. faust's `seek` touches aiokafka's
+        fetcher from the event loop's thread and races a fetch in progress (seen in CI: the
+        worker crashed with KeyError in `fetched_records`). False if the partition is no
+        longer ours; the next assignment positions it anyway."""
+        thread = self._thread
+        try:
+            await thread.call_thread(self._seek_now, thread._ensure_consumer(), tp, offset)
+        except Exception as error:  # noqa: BLE001 - e.g. IllegalStateError after a revocation
+            logging.getLogger("qm.runtime").warning("seek of %s to %s refused: %r", tp, offset, error)
+            return False
+        self._read_offset[tp] = offset if offset else None
+        return True
 
 
 class _App(faust.App):
@@ -363,7 +378,7 @@ class ServiceRuntime:
         self.log.warning("events skipped by the consumer; reading the partition again from the first not applied",
                          topic=tp.topic, partition=tp.partition, offset=got,
                          detail=f"first offset not applied: {expected}")
-        await self.app.consumer.seek(tp, expected)
+        await self.app.consumer.seek_safely(tp, expected)
 
     async def _retry_rewinds(self, *_app: Any) -> None:
         """Seek again where a re-read has not begun within REWIND_RETRY_S: faust drops re-read
@@ -375,7 +390,7 @@ class ServiceRuntime:
         for tp, (expected, since) in list(self._rewinding.items()):
             if now - since >= REWIND_RETRY_S:
                 self._rewinding[tp] = (expected, now)
-                await self.app.consumer.seek(tp, expected)
+                await self.app.consumer.seek_safely(tp, expected)
 
     def unstarted(self, committed: dict[Any, int | None]) -> list[Any]:
         """Assigned partitions with neither a stored cursor nor a committed offset."""

@@ -18,8 +18,9 @@ class FakeConsumer:
     def __init__(self) -> None:
         self.seeks: list[tuple[TP, int]] = []
 
-    async def seek(self, tp: TP, offset: int) -> None:
+    async def seek_safely(self, tp: TP, offset: int) -> bool:
         self.seeks.append((tp, offset))
+        return True
 
 
 class Message:
