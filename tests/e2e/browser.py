@@ -42,6 +42,7 @@ def pixels_near(png: Path, rgb: tuple[int, int, int], tolerance: int = 40) -> in
     from PIL import Image
 
     with Image.open(png) as image:
-        data = image.convert("RGB").getdata()
-        return sum(1 for r, g, b in data
-                   if abs(r - rgb[0]) <= tolerance and abs(g - rgb[1]) <= tolerance and abs(b - rgb[2]) <= tolerance)
+        raw = image.convert("RGB").tobytes()
+    red, green, blue = raw[0::3], raw[1::3], raw[2::3]
+    return sum(1 for r, g, b in zip(red, green, blue, strict=True)
+               if abs(r - rgb[0]) <= tolerance and abs(g - rgb[1]) <= tolerance and abs(b - rgb[2]) <= tolerance)
