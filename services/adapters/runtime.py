@@ -55,6 +55,11 @@ SEEN_WINDOW = 4096
 REWIND_RETRY_S = 1.0
 # How far a partition's stored cursor may trail events that changed no state.
 CURSOR_LAG_MAX = 1000
+# Largest record a service may write. A table value holds one cohort's whole queue state, which
+# passed Kafka's 1 MB default for a 100-queue cohort with thousands pending (the queue-manager
+# crashed with MessageSizeTooLargeError in the large-scale benchmark). Changelog topics are
+# created with the same limit.
+MAX_RECORD_BYTES = int(os.environ.get("QM_MAX_RECORD_BYTES", 16 * 1024 * 1024))
 
 
 class _Batch:
@@ -220,6 +225,7 @@ class ServiceRuntime:
             # need not wait for an event in flight; waiting could deadlock with an agent that is
             # itself waiting for the acknowledgement of its outputs (seen after SIGKILL restarts).
             stream_wait_empty=False,
+            producer_max_request_size=MAX_RECORD_BYTES,
             # A crashed worker's partitions move on within seconds, not faust's default minute.
             broker_session_timeout=float(os.environ.get("QM_SESSION_TIMEOUT_S", 10)),
             broker_heartbeat_interval=float(os.environ.get("QM_HEARTBEAT_INTERVAL_S", 2)),
@@ -458,7 +464,8 @@ class ServiceRuntime:
 
     def table(self, name: str, *, partitions: int, help: str = "") -> faust.Table:
         """A changelog-backed table; values are JSON-able dicts managed by apply_once."""
-        return self.app.Table(name, default=None, partitions=partitions, value_type=None, help=help)
+        return self.app.Table(name, default=None, partitions=partitions, value_type=None, help=help,
+                              extra_topic_configs={"max.message.bytes": str(MAX_RECORD_BYTES)})
 
     async def apply_once(
         self,

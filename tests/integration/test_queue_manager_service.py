@@ -211,3 +211,57 @@ async def test_two_replicas_and_a_sigkill_in_a_5000_burst_keep_every_invariant(k
     reservations = check_invariants(unique)
     assert reservations and max(reservations.values()) == 1
     assert held_reservations(unique) == expected
+
+
+async def test_a_cohort_state_above_kafkas_1_mb_default_is_stored(kafka_bootstrap, topic_prefix, tmp_path):
+    """One cohort with thousands pending: its state record passes 1 MB (the queue-manager used
+    to crash with MessageSizeTooLargeError); every submission still gets its decision."""
+    config = tmp_path / "config"
+    cohort_config(config, cohorts=1)
+    n = 4000
+    async with Publisher(kafka_bootstrap, topic_prefix) as bus:
+        for i in range(n):
+            at = f"2026-11-29T10:{i // 60 % 60:02d}:{i % 60:02d}Z"
+            await bus.publish("qm.workloads", "cohort:cohort-0", validated(
+                f"big-{i:05d}-" + "x" * 40, 8, cq="cq-0-0", queue="lq", ns="ns-0-0", at=at, cohort="cohort-0"))
+        await bus.flush()
+    environment = env(topic_prefix, tmp_path, config)
+    worker = start_worker("services.queue_manager", environment, tmp_path / "qm.log")
+    try:
+        worker.wait_ready()
+
+        async def all_decided():
+            trail = await events_on(kafka_bootstrap, topic_prefix + "qm.workloads")
+            decided = {e.payload.uid for e in trail if e.event_type in ("workload.quota_reserved.v1", "workload.pending.v1")}
+            assert worker.process.poll() is None, f"queue-manager exited; log:\n{worker.log()}"
+            return len(decided) == n
+
+        await wait_for(all_decided, 240, "a decision for every submission")
+    finally:
+        worker.stop()
+    group = environment["QM_APP_ID_SUFFIX"]
+    changelog = f"qm-queue-manager{group}-cohorts-changelog"
+    sizes = [len(record.value or b"") async for record in _records(kafka_bootstrap, changelog)]
+    assert max(sizes) > 1_048_576, f"the state never passed 1 MB ({max(sizes)} bytes): the test tests nothing"
+
+
+async def _records(bootstrap, topic):
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, max_partition_fetch_bytes=32 << 20,
+                                fetch_max_bytes=64 << 20)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or []]
+        if not tps:
+            await consumer._client.force_metadata_update()
+            tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or []]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        end = await consumer.end_offsets(tps)
+        while [tp for tp in tps if await consumer.position(tp) < end[tp]]:
+            for records in (await consumer.getmany(timeout_ms=1000)).values():
+                for record in records:
+                    yield record
+    finally:
+        await consumer.stop()
