@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 KAFKA := deploy/kafka/kafka.sh
 
-.PHONY: help install up down topics demo test test-unit test-k8s testcluster lint bench bench-core bench-webhook bench-queue clean
+.PHONY: help install up down topics demo test test-unit test-k8s testcluster lint bench bench-core bench-webhook bench-queue \
+	bench-kueue bench-replay bench-recovery bench-summary clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -47,7 +48,23 @@ test-k8s: install testcluster ## the watcher's tests against a real kube-apiserv
 lint: install ## ruff
 	$(VENV)/bin/ruff check services tests bench
 
-bench: bench-core bench-webhook bench-queue ## all benchmarks; JSON in bench/results/
+# BENCH_SCALE=0.1 make bench: a quick run of the same shapes (a tenth of the workloads).
+BENCH_SCALE ?= 1
+bench: up ## issue 10: Kueue's scenarios, the Alibaba replay, webhook, recovery; JSON in bench/results/, one table
+	$(MAKE) --no-print-directory bench-core bench-queue bench-kueue bench-replay bench-webhook bench-recovery
+	@$(PY) bench/summary.py
+
+bench-kueue: up ## Kueue's baseline and large-scale scenarios on the full stack (--help: bench/bench_kueue.py)
+	$(PY) bench/bench_kueue.py --scale $(BENCH_SCALE)
+
+bench-replay: up ## the Alibaba GPU trace through every service as fast as it goes, ledger reconciled
+	$(PY) bench/bench_replay.py --scale $(BENCH_SCALE)
+
+bench-recovery: up ## queue-manager rebuild after 100,000 workloads, peak memory per service
+	$(PY) bench/bench_recovery.py --scale $(BENCH_SCALE)
+
+bench-summary: ## the markdown table of the JSON already in bench/results/
+	@$(PY) bench/summary.py
 
 bench-core: install ## quota core: one drain pass over 50,000 workloads
 	$(PY) bench/bench_core.py

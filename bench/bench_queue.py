@@ -36,7 +36,6 @@ import asyncio
 import io
 import json
 import os
-import platform
 import pstats
 import shutil
 import signal
@@ -48,7 +47,6 @@ import time
 import urllib.request
 import uuid
 from datetime import UTC, datetime
-from importlib.metadata import version
 from pathlib import Path
 
 import orjson
@@ -57,6 +55,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from common import machine  # noqa: E402
 
 from services.adapters.bus import create_topics, wait_for_broker  # noqa: E402
 from services.contracts.codec import encode, make_envelope  # noqa: E402
@@ -407,30 +408,7 @@ def _profile_summary(path: Path, top: int = 25) -> list[str]:
 
 
 def _machine() -> dict:
-    mem = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem = round(int(line.split()[1]) / 1024 / 1024, 1)
-    except OSError:
-        pass
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "services"], cwd=ROOT, capture_output=True,
-                                    text=True).stdout.strip())  # fmt: skip
-    except OSError:
-        commit, dirty = None, None
-    return {
-        "cpus": os.cpu_count(),
-        "memory_gib": mem,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "faust": version("faust-streaming"),
-        "aiokafka": version("aiokafka"),
-        "orjson": version("orjson"),
-        "git_commit": commit,
-        "services_dirty": dirty,
-    }
+    return machine()  # the shared record (bench/common.py): cores, memory, versions, git commit
 
 
 async def _bench(args, tmp: Path) -> dict:

@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import re
 import shutil
 import signal
@@ -34,6 +32,9 @@ import orjson
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from common import load, machine  # noqa: E402
 
 
 def _free_port() -> int:
@@ -257,6 +258,7 @@ def main() -> int:
     if shutil.which("openssl") is None:
         print("openssl CLI is required to make the test certificate", file=sys.stderr)
         return 2
+    load_before = load()
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         cert, key = _make_cert(d)
@@ -280,13 +282,10 @@ def main() -> int:
         "benchmark": "webhook /validate, AdmissionReview v1 over HTTPS (TLS 1.3, keep-alive), loopback",
         "policies": "policies/library (5 policies: 2 Gatekeeper CEL constraints, 3 AdmissionPolicies)",
         "duration_s_per_rate": duration,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
+        "machine": machine(),
         "load_generator": "python asyncio raw HTTP/1.1 keep-alive over TLS, open loop, separate process, same cores",
-        "load_at_start": os.getloadavg(),
+        "load_before": load_before,
+        "load_after": load(),
         "target": "p99 < 5 ms at 500/s",
         "results": results,
     }

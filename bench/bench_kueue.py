@@ -1,0 +1,323 @@
+"""Kueue's own scalability scenarios on Quartermaster's full stack (issue 10, benchmarks 1 and 2).
+
+Scenarios (kubernetes-sigs/kueue test/performance/scheduler/configs/*/generator.yaml):
+
+  kueue-baseline     5 cohorts x 6 ClusterQueues (cpu: nominal 20, borrowingLimit 100,
+                     reclaimWithinCohort Any, withinClusterQueue LowerPriority); per queue
+                     350 small (1 cpu, 200 ms, prio 50, every 100 ms), 100 medium (5 cpu,
+                     500 ms, prio 100, every 500 ms), 50 large (20 cpu, 1 s, prio 200, every
+                     1.2 s) = 15,000 workloads. Kueue: 351 s wall, usage >= 50%, time to
+                     admission large 16.5 s / medium 76.8 s / small 215 s.
+                     Targets: wall <= 80 s, min usage >= 80%, large <= 5 s.
+  kueue-large-scale  10 cohorts x 100 ClusterQueues, same quota; per queue 35 small (150 ms,
+                     every 60 ms), 11 medium (350 ms, every 300 ms), 4 large (700 ms, every
+                     700 ms) = 50,000 workloads. Kueue: 1,179 s. Target: wall <= 60 s.
+
+How it runs (one fresh run per scenario):
+
+* Fresh prefixed topics on the local broker; admission (with policies/library),
+  queue-manager, preemption and cost-accounting start as processes (services/demo/stack.py),
+  QM_STORE=memory://. The config directory holds the scenario's Kueue objects, a
+  PreemptionPolicy that adds nothing to Kueue's rules (no grace, no minimum runtime) and the
+  seed price list. QM_BACKOFF_BASE_S=0: Kueue requeues a preempted workload at once (its
+  backoff is for waitForPodsReady evictions only).
+* This process is the cluster: services/sim/kueue_scenarios.WallClockRunner submits each
+  workload (workload.submitted.v1 on qm.cluster) at its creation time, in real time, and
+  answers qm.actions as Kueue's runner does: action.admit -> pod.running at once, then
+  pod.finished + workload.finished after the run time; action.evict -> the pod stops and the
+  workload waits for a new admission, losing its progress.
+* Figures, as Kueue's recorder computes them: wall = first creation -> last workload
+  finished; usage of a ClusterQueue = cpu.ms its pods ran (borrowed quota included) /
+  (nominal x wall); time to admission = admission seen by the runner - scheduled creation
+  time (a late submission counts against us). The minimum usage over the queues and the mean
+  time to admission per class are reported.
+
+--scale 0.1 keeps the queues and takes a tenth of each workload set (a quick run). Absolute
+wall targets apply at full scale only; at a smaller scale the table says n/a and shows the
+ideal (perfect packing) time next to the measured one. A run that does not finish within
+--timeout, or sees no admission, finish or commit for --stall seconds, is reported with what did
+finish, marked incomplete (targets not met), with each service's uncommitted backlog per
+input topic at that moment (where the work piled up).
+--profile samples every service with py-spy during the run and stores the top functions.
+
+Results: bench/results/kueue-baseline.json, bench/results/kueue-large-scale.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (  # noqa: E402
+    ROOT,
+    BenchStack,
+    Progress,
+    PySpy,
+    committed_total,
+    group_lag,
+    load,
+    own_cpu_s,
+    own_peak_mib,
+    pct,
+    print_rows,
+    row,
+    scale_arg,
+    stop_on_signals,
+    topic_end_offsets,
+    write_result,
+)
+
+from services.demo.stack import SERVICES  # noqa: E402
+from services.sim.kueue_scenarios import (  # noqa: E402
+    SCENARIOS,
+    KueueScenario,
+    WallClockRunner,
+    kueue_objects,
+    preemption_policy,
+    scenario_workloads,
+)
+
+# Kueue's published means (issue 10) and our targets, per scenario.
+ANCHORS = {
+    "kueue-baseline": {"wall_s": 351, "min_usage_pct": 50, "admit_s": {"large": 16.5, "medium": 76.8, "small": 215}},
+    "kueue-large-scale": {"wall_s": 1179},
+}
+TARGETS = {
+    "kueue-baseline": {"wall_s": 80, "min_usage_pct": 80, "admit_s": {"large": 5}},
+    "kueue-large-scale": {"wall_s": 60},
+}
+DEFAULT_TIMEOUT_S = {"kueue-baseline": 600, "kueue-large-scale": 900}
+TOPICS = ("qm.cluster", "qm.workloads", "qm.actions", "qm.preemption", "qm.usage", "qm.billing", "qm.clock")
+TICK_EVERY_S = 5.0  # clock ticks keep the queue-manager's and the ledger's time moving; Kueue needs none
+
+
+async def watch(runner: WallClockRunner, task: asyncio.Task, timeout: float, stall_s: float,
+                progress: Progress, stack: BenchStack) -> float | None:
+    """Until every workload finished, the runner failed, the timeout, or nothing moved for
+    ``stall_s`` seconds: no admission, no finish, and no service committed anything (a
+    service working through a backlog is progress). Returns the seconds without progress
+    when it gave up for that reason, else None."""
+    deadline = time.monotonic() + timeout
+    groups = [stack.group(s) for s in SERVICES]
+    last, since, checked = None, time.monotonic(), 0.0
+    committed = 0
+    while not runner.done.is_set() and not task.done() and time.monotonic() < deadline:
+        if stack.exited():
+            progress(f"a service exited: {stack.exited()}", force=True)
+            return None
+        if time.monotonic() - checked >= 5:
+            checked = time.monotonic()
+            committed = await committed_total(stack.bootstrap, groups)
+        seen = (runner.stats.admitted, runner.stats.finished, runner.stats.submitted, committed)
+        if seen != last:
+            last, since = seen, time.monotonic()
+        elif time.monotonic() - since >= stall_s:
+            progress(f"nothing moved for {stall_s:.0f} s (no admission, finish or commit): giving up", force=True)
+            return time.monotonic() - since
+        await asyncio.sleep(0.2)
+    return None
+
+
+def write_config(stack: BenchStack, scenario: KueueScenario) -> None:
+    (stack.config_dir / "kueue.yaml").write_text(yaml.safe_dump_all(kueue_objects(scenario), sort_keys=False))
+    (stack.config_dir / "preemption-policy.yaml").write_text(yaml.safe_dump(preemption_policy(), sort_keys=False))
+    shutil.copy(ROOT / "examples" / "seed" / "pricelist.yaml", stack.config_dir / "pricelist.yaml")
+
+
+async def run(scenario: KueueScenario, args: argparse.Namespace) -> dict:
+    full = scenario
+    scenario = scenario.scaled(args.scale) if args.scale < 1 else scenario
+    # a quick run gets a shorter default (it is not the figure of record)
+    timeout = args.timeout or DEFAULT_TIMEOUT_S[scenario.name] * max(args.scale, 0.3)
+    workloads = scenario_workloads(scenario)
+    by_uid = {w.uid: w for w in workloads}
+    progress = Progress(scenario.name)
+    load_before = load()
+    started = time.monotonic()
+    stack = BenchStack(scenario.name, env={"QM_BACKOFF_BASE_S": "0"}, keep_topics=args.keep_topics)
+    profiles = None
+    async with stack:
+        write_config(stack, scenario)
+        progress(f"{len(workloads)} workloads in {len(scenario.cluster_queues)} ClusterQueues; starting the services",
+                 force=True)  # fmt: skip
+        await stack.start()
+        progress(f"services ready in {stack.ready_s} s; submitting in real time (ideal {scenario.ideal_s:.1f} s)",
+                 force=True)  # fmt: skip
+        spy = PySpy(Path(args.profile_dir) / scenario.name) if args.profile else None
+        if spy:
+            for service, pid in stack.pids().items():
+                spy.start(service, pid)
+
+        def on_progress(s) -> None:
+            progress(f"submitted {s.submitted}/{len(workloads)} admitted {s.admitted} running {s.running} "
+                     f"finished {s.finished} evicted {s.evicted} waiting {s.waiting}")  # fmt: skip
+
+        runner = WallClockRunner(
+            stack.bootstrap, stack.prefix, workloads, duration_s=timeout + 60, tick_every_s=TICK_EVERY_S,
+            namespaces=[cq for cq, _ in scenario.cluster_queues], nodes=(), on_progress=on_progress,
+            progress_every_s=1.0,
+        )  # fmt: skip
+        task = asyncio.create_task(runner.run())
+        stalled = await watch(runner, task, timeout, args.stall, progress, stack)
+        complete = runner.done.is_set()
+        ran_s = runner.now_s()  # since the first creation; the wall figure when every workload finished
+        wall_s = ran_s if complete else None
+        if task.done():
+            task.result()  # a runner failure surfaces here
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        if spy:
+            profiles = spy.stop()
+        # Where a backlog sits, per service and input topic (records read but not yet committed).
+        backlog = await group_lag(stack.bootstrap, [stack.group(s) for s in SERVICES])
+        bus = await topic_end_offsets(stack.bootstrap, [stack.prefix + t for t in TOPICS])
+        exited = stack.exited()
+        outcome = "all finished" if complete else ("SERVICE EXITED" if exited else "STALLED" if stalled else "TIMEOUT")
+        progress(f"{outcome}; stopping the services", force=True)
+        stack.read_peak_memory()
+    elapsed = ran_s
+
+    # Time to admission per class, over the workloads that were admitted.
+    admit: dict[str, list[float]] = {}
+    for uid, at in runner.admitted_at.items():
+        w = by_uid[uid]
+        admit.setdefault(w.workload_class, []).append(at - w.submit_s)
+    classes = {}
+    for s in scenario.sets:
+        values = sorted(admit.get(s.class_name, []))
+        classes[s.class_name] = {
+            "workloads": s.count * len(scenario.cluster_queues),
+            "admitted": len(values),
+            "mean_s": round(sum(values) / len(values), 3) if values else None,
+            "p50_s": round(pct(values, 0.5), 3) if values else None,
+            "p99_s": round(pct(values, 0.99), 3) if values else None,
+            "max_s": round(values[-1], 3) if values else None,
+        }
+    # Usage per ClusterQueue: cpu.ms its pods ran / (nominal x wall).
+    used: dict[str, float] = {cq: 0.0 for cq, _ in scenario.cluster_queues}
+    for uid, start, stop in runner.intervals:
+        w = by_uid[uid]
+        used[w.cluster_queue] += w.requests["cpu"] / 1000 * (stop - start)
+    usage = {cq: u / (scenario.nominal_cpu * elapsed) for cq, u in used.items()}
+    lags = sorted(runner.submit_lag_s)
+    result = {
+        "scenario": scenario.name,
+        "scale": args.scale,
+        "shape": dataclasses.asdict(scenario),
+        "workloads": len(workloads),
+        "complete": complete,
+        "stalled": stalled,
+        "services_exited": exited,
+        "timeout_s": timeout,
+        "wall_s": round(wall_s, 2) if wall_s is not None else None,
+        "ideal_s": round(scenario.ideal_s, 2),
+        "finished": runner.stats.finished,
+        "admissions": runner.stats.admitted,
+        "evictions": runner.stats.evicted,
+        "usage_min_pct": round(100 * min(usage.values()), 1),
+        "usage_mean_pct": round(100 * sum(usage.values()) / len(usage), 1),
+        "usage_max_pct": round(100 * max(usage.values()), 1),
+        "time_to_admission": classes,
+        "submit_lag_s": {"p50": pct(lags, 0.5), "p99": pct(lags, 0.99), "max": lags[-1] if lags else None},
+        "bus_records": {t.removeprefix(stack.prefix): n for t, n in bus.items()},
+        "uncommitted_at_end": {g: {t.removeprefix(stack.prefix): n for t, n in (per or {}).items()}
+                               for g, per in backlog.items()},
+        "services_ready_s": stack.ready_s,
+        # per process over the run: how much of the wall each one spent computing
+        "cpu_seconds": {**stack.cpu_s, "bench (runner)": own_cpu_s()},
+        "peak_memory_mib": {**stack.peak_mib, "bench (runner)": own_peak_mib()},
+        "bench_wall_s": round(time.monotonic() - started, 1),
+        "load_before": load_before,
+        "load_after": load(),
+        "topic_prefix": stack.prefix,
+        "logs": str(stack.run_dir),
+    }
+    if profiles is not None:
+        result["profile"] = profiles
+    result["summary_rows"] = summary_rows(result, full)
+    return result
+
+
+def _fmt_s(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f} s"
+
+
+def summary_rows(r: dict, full: KueueScenario) -> list[dict]:
+    name, scale = r["scenario"], r["scale"]
+    anchors, targets = ANCHORS[name], TARGETS[name]
+    at_scale = "" if scale == 1 else f"scale {scale:g}: {r['workloads']} workloads, ideal {r['ideal_s']:.1f} s"
+    stop = (f"{', '.join(r['services_exited'])} exited" if r.get("services_exited")
+            else f"no progress for {r['stalled']:.0f} s" if r["stalled"] else f"timeout {r['timeout_s']:.0f} s")
+    incomplete = "" if r["complete"] else f"incomplete: {r['finished']}/{r['workloads']} finished ({stop})"
+    note = "; ".join(x for x in (at_scale, incomplete) if x)
+    rows = []
+    wall_met = (r["complete"] and r["wall_s"] <= targets["wall_s"]) if scale == 1 else (False if not r["complete"] else None)
+    rows.append(row(f"{name}: wall (creation of first → last finished)", _fmt_s(r["wall_s"]),
+                    f"{anchors['wall_s']:,} s", f"≤ {targets['wall_s']} s (full scale; ideal {full.ideal_s:.0f} s)",
+                    wall_met, note))  # fmt: skip
+    usage_target = targets.get("min_usage_pct")
+    rows.append(row(f"{name}: min ClusterQueue usage", f"{r['usage_min_pct']}% (mean {r['usage_mean_pct']}%)",
+                    f"≥ {anchors['min_usage_pct']}%" if "min_usage_pct" in anchors else "—",
+                    f"≥ {usage_target}%" if usage_target else "—",
+                    (r["complete"] and r["usage_min_pct"] >= usage_target) if usage_target else None, note))  # fmt: skip
+    for cls, stats in r["time_to_admission"].items():
+        target = targets.get("admit_s", {}).get(cls)
+        anchor = anchors.get("admit_s", {}).get(cls)
+        mean = stats["mean_s"]
+        rows.append(row(f"{name}: mean time to admission, {cls}",
+                        f"{_fmt_s(mean)} (p99 {_fmt_s(stats['p99_s'])}, {stats['admitted']}/{stats['workloads']})",
+                        f"{anchor} s" if anchor is not None else "—", f"≤ {target} s" if target else "—",
+                        (r["complete"] and mean is not None and mean <= target) if target else None, note))  # fmt: skip
+    return rows
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    stop_on_signals()
+    names = list(SCENARIOS) if args.scenario == "all" else [f"kueue-{args.scenario}"]
+    for name in names:
+        result = await run(SCENARIOS[name], args)
+        path = write_result(name, result)
+        print(f"\n### {name} (scale {args.scale:g}, bench wall {result['bench_wall_s']} s, "
+              f"load {result['load_before']} → {result['load_after']})\n")  # fmt: skip
+        print_rows(result["summary_rows"])
+        print(f"\nevictions {result['evictions']}, submit lag p99 {result['submit_lag_s']['p99']} s, "
+              f"peak memory MiB {result['peak_memory_mib']}\nwritten {path}")  # fmt: skip
+        for label, prof in (result.get("profile") or {}).items():
+            print(f"\nprofile {label}: {prof.get('samples')} samples; own time top: "
+                  + ", ".join(f"{f} {p}%" for f, p in prof.get("own_pct", [])[:8]))
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--scenario", choices=["baseline", "large-scale", "all"], default="all")
+    p.add_argument("--scale", type=scale_arg, default=1.0,
+                   help="fraction of each workload set to run, in (0, 1] (0.1: a quick run); default 1")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds to wait for every workload to finish (default 600 baseline, 900 large-scale; "
+                        "times the scale, at least 0.3x, for a smaller scale)")
+    p.add_argument("--stall", type=float, default=60.0,
+                   help="give up after this many seconds without an admission, a finish or a commit by any "
+                        "service (default 60)")
+    p.add_argument("--profile", action="store_true", help="sample every service with py-spy during the run")
+    p.add_argument("--profile-dir", default="/tmp/quartermaster-bench-profiles")
+    p.add_argument("--keep-topics", action="store_true", help="keep this run's topics on the broker afterwards")
+    with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
+        return asyncio.run(main_async(p.parse_args()))
+    return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,475 @@
+"""What the full-stack benchmarks share: the machine record, the JSON result file, the stack of
+four service processes on fresh topics, peak memory, consumer-group lag, progress lines.
+
+Every result JSON carries ``machine`` (cores, memory, Python/faust/aiokafka/Kafka versions, git
+commit and whether the tree is dirty), ``load_before``/``load_after`` (the machine is shared:
+read the figures next to the load) and ``summary_rows``: the rows ``bench/summary.py`` prints
+in the markdown table (figure, measured, anchor, target, met).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from aiokafka import AIOKafkaConsumer, TopicPartition  # noqa: E402
+from aiokafka.admin import AIOKafkaAdminClient  # noqa: E402
+
+from services.adapters.bus import create_topics  # noqa: E402
+from services.demo.stack import Stack, free_base_port  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+BOOTSTRAP = os.environ.get("QM_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+
+
+# -- the record of where and on what a figure was measured ---------------------------------
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def kafka_version() -> str | None:
+    """The broker version deploy/kafka runs (its pom pins the jars)."""
+    match = re.search(r"<kafka.version>([^<]+)</kafka.version>", (ROOT / "deploy/kafka/pom.xml").read_text())
+    return match.group(1) if match else None
+
+
+def machine() -> dict[str, Any]:
+    mem = None
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            mem = round(int(line.split()[1]) / 2**20, 1)
+    dirty = _git("status", "--porcelain")
+    return {
+        "cpus": os.cpu_count(),
+        "memory_gib": mem,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "faust": version("faust-streaming"),
+        "aiokafka": version("aiokafka"),
+        "orjson": version("orjson"),
+        "kafka": kafka_version(),
+        "git_commit": _git("rev-parse", "HEAD") or None,
+        "git_dirty": bool(dirty),
+        "git_dirty_paths": [line[3:] for line in dirty.splitlines()][:40],
+        # which uncommitted edits the run saw (the same diff gives the same digest)
+        "git_diff_sha256": hashlib.sha256(_git("diff", "HEAD").encode()).hexdigest()[:16] if dirty else None,
+    }
+
+
+def load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def write_result(name: str, report: dict[str, Any], out: str | Path | None = None) -> Path:
+    """bench/results/<name>.json (or ``out``), with the machine record added."""
+    path = Path(out) if out else RESULTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    report = {"benchmark": name, "machine": machine(), **report}
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    return path
+
+
+def row(figure: str, measured: Any, anchor: Any, target: Any, met: bool | None, note: str = "") -> dict[str, Any]:
+    """One line of the summary table. ``met`` None: no target, or not comparable at this scale."""
+    return {"figure": figure, "measured": measured, "anchor": anchor, "target": target, "met": met, "note": note}
+
+
+def print_rows(rows: list[dict[str, Any]]) -> None:
+    print("| figure | measured | Kueue / anchor | target | met? |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        met = {True: "yes", False: "**no**", None: "n/a"}[r["met"]]
+        note = f" ({r['note']})" if r.get("note") else ""
+        print(f"| {r['figure']} | {r['measured']} | {r['anchor']} | {r['target']} | {met}{note} |")
+
+
+def pct(sorted_values: list[float], p: float) -> float | None:
+    if not sorted_values:
+        return None
+    return sorted_values[min(len(sorted_values) - 1, int(p * len(sorted_values)))]
+
+
+class Progress:
+    """A progress line on stderr at most every ``every_s`` seconds (stdout stays the result)."""
+
+    def __init__(self, label: str, every_s: float = 5.0) -> None:
+        self.label, self.every_s = label, every_s
+        self.started = time.monotonic()
+        self._last = 0.0
+
+    def __call__(self, message: str, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last >= self.every_s:
+            self._last = now
+            print(f"[{self.label} {now - self.started:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+# -- memory -----------------------------------------------------------------------------------
+
+
+def vm_hwm_mib(pid: int) -> float | None:
+    """Peak resident memory of a live process (VmHWM), MiB."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time a live process has used so far (seconds)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 1)
+
+
+def own_cpu_s() -> float:
+    """CPU seconds this process (the load generator / simulator) has used."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return round(usage.ru_utime + usage.ru_stime, 1)
+
+
+def own_peak_mib() -> float:
+    """This process's peak resident memory (ru_maxrss is KiB on Linux)."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+# -- the stack --------------------------------------------------------------------------------
+
+
+@dataclass
+class BenchStack:
+    """Fresh prefixed topics, a config directory, and the four services as processes
+    (services/demo/stack.py), each in its own consumer group for this run only.
+
+    ``env`` adds to (or overrides) the demo's settings. Use as ``async with``; on exit the
+    services' peak memory is read (``peak_mib``) before they are stopped, and this run's
+    topics are deleted unless ``keep_topics``."""
+
+    name: str
+    env: dict[str, str] = field(default_factory=dict)
+    bootstrap: str = BOOTSTRAP
+    keep_topics: bool = False
+    run: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    peak_mib: dict[str, float | None] = field(default_factory=dict)
+    cpu_s: dict[str, float | None] = field(default_factory=dict)
+    ready_s: float | None = None
+
+    def __post_init__(self) -> None:
+        self.prefix = f"bench-{self.run}."
+        self.suffix = f"-bench-{self.run}"
+        self.run_dir = Path(f"/tmp/quartermaster-{self.name}-{self.run}")
+        self.config_dir = self.run_dir / "config"
+        self.config_dir.mkdir(parents=True, exist_ok=True)
+        self.stack: Stack | None = None
+
+    def service_env(self) -> dict[str, str]:
+        return {
+            "QM_KAFKA_BOOTSTRAP": self.bootstrap, "QM_TOPIC_PREFIX": self.prefix, "QM_APP_ID_SUFFIX": self.suffix,
+            "QM_CONFIG_DIR": str(self.config_dir), "QM_POLICY_DIR": str(ROOT / "policies" / "library"),
+            "QM_STORE": "memory://", "QM_DATA_DIR": str(self.run_dir / "data"), "QM_LOG_LEVEL": "warning",
+            **self.env,
+        }  # fmt: skip
+
+    async def create_topics(self) -> None:
+        await create_topics(self.bootstrap, self.prefix)
+
+    async def start(self) -> None:
+        """Start the four services and wait until each answers /readyz."""
+        self.stack = Stack(self.run_dir, self.service_env(), base_port=free_base_port())
+        started = time.monotonic()
+        self.stack.start()
+        await asyncio.to_thread(self.stack.wait_ready, 120)
+        self.ready_s = round(time.monotonic() - started, 1)
+
+    def pids(self) -> dict[str, int]:
+        return {name: p.pid for name, p in (self.stack.processes.items() if self.stack else ())}
+
+    def read_peak_memory(self) -> dict[str, float | None]:
+        """Peak memory (VmHWM) of each live service, and the CPU seconds it has used (``cpu_s``)."""
+        for service, pid in self.pids().items():
+            value = vm_hwm_mib(pid)
+            if value is not None:
+                self.peak_mib[service] = value
+                self.cpu_s[service] = cpu_seconds(pid)
+        return self.peak_mib
+
+    def exited(self) -> dict[str, dict[str, Any]]:
+        """Services whose process has ended, with its exit code and the first error it logged."""
+        out = {}
+        for service, process in (self.stack.processes.items() if self.stack else ()):
+            if process.poll() is not None:
+                out[service] = {"exit_code": process.returncode, "first_error": first_error(
+                    self.run_dir / f"{service}.log"), "log": str(self.run_dir / f"{service}.log")}
+        return out
+
+    def group(self, service: str) -> str:
+        return f"qm-{service}{self.suffix}"
+
+    async def stop(self) -> None:
+        if self.stack is not None:
+            self.read_peak_memory()
+            await asyncio.to_thread(self.stack.stop)
+        if not self.keep_topics:
+            await delete_topics(self.bootstrap, lambda t: t.startswith(self.prefix) or self.suffix in t)
+        shutil.rmtree(self.run_dir / "data", ignore_errors=True)
+
+    async def __aenter__(self) -> BenchStack:
+        await self.create_topics()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+def first_error(log: Path) -> str | None:
+    """Why a service stopped: the first line saying a component crashed, else the first ERROR
+    line of its log (faust's and ours), shortened."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    errors = [line for line in lines if "[ERROR]" in line or '"level": "error"' in line]
+    crashed = [line for line in errors if "Crashed reason=" in line and "CancelledError" not in line]
+    picked = crashed or errors
+    return picked[0][:400] if picked else None
+
+
+async def delete_topics(bootstrap: str, mine) -> list[str]:
+    """Delete this run's own topics (``mine(name)`` true), nothing else."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        names = [t for t in await admin.list_topics() if mine(t)]
+        if names:
+            await admin.delete_topics(names)
+        return names
+    except Exception as error:  # noqa: BLE001 - cleanup must not hide the result
+        print(f"(could not delete this run's topics: {error})", file=sys.stderr)
+        return []
+    finally:
+        await admin.close()
+
+
+async def group_lag(bootstrap: str, groups: list[str]) -> dict[str, dict[str, int] | None]:
+    """Per consumer group and input topic: records not yet committed (end − committed offset).
+    None for a group that has committed nothing yet."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await admin.start()
+    await consumer.start()
+    try:
+        lags: dict[str, dict[str, int] | None] = {}
+        for group in groups:
+            committed = await admin.list_consumer_group_offsets(group)
+            tps = [tp for tp in committed if not tp.topic.endswith("-changelog")]
+            if not tps:
+                lags[group] = None
+                continue
+            ends = await consumer.end_offsets(tps)
+            per: dict[str, int] = {}
+            for tp in tps:
+                per[tp.topic] = per.get(tp.topic, 0) + max(0, ends[tp] - committed[tp].offset)
+            lags[group] = per
+        return lags
+    finally:
+        await consumer.stop()
+        await admin.close()
+
+
+async def committed_total(bootstrap: str, groups: list[str]) -> int:
+    """The sum of every committed offset of these groups: it grows while any of them works."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        total = 0
+        for group in groups:
+            total += sum(o.offset for o in (await admin.list_consumer_group_offsets(group)).values())
+        return total
+    finally:
+        await admin.close()
+
+
+async def topic_end_offsets(bootstrap: str, topics: list[str]) -> dict[str, int]:
+    """Records written to each topic so far (sum of partition end offsets)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        await consumer._client.force_metadata_update()
+        out = {}
+        for topic in topics:
+            tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+            out[topic] = sum((await consumer.end_offsets(tps)).values()) if tps else 0
+        return out
+    finally:
+        await consumer.stop()
+
+
+async def wait_drained(bootstrap: str, groups: list[str], timeout_s: float, progress: Progress | None = None,
+                       poll_s: float = 2.0, stall_s: float = 30.0, stack: BenchStack | None = None,
+                       ignore: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Wait until every group has committed everything it reads (twice in a row: faust commits
+    every few seconds), or until what is left has not moved for ``stall_s`` (a stalled agent:
+    waiting longer would not help), a service of ``stack`` exiting, or the timeout. Topics
+    ending with one of ``ignore`` do not count. Returns drained, stalled topics, last lags (and
+    ``exited`` services)."""
+    deadline = time.monotonic() + timeout_s
+    calm, last, since = 0, None, time.monotonic()
+    lags: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        if stack is not None and stack.exited():
+            return {"drained": False, "stalled": {}, "lags": await group_lag(bootstrap, groups),
+                    "exited": stack.exited()}
+        lags = await group_lag(bootstrap, groups)
+        left = {f"{g} {t}": n for g, per in lags.items() for t, n in (per or {"(nothing committed)": -1}).items()
+                if n and not t.endswith(ignore)}
+        calm = calm + 1 if not left else 0
+        if calm >= 2:
+            return {"drained": True, "stalled": {}, "lags": lags}
+        if left != last:
+            last, since = left, time.monotonic()
+        elif time.monotonic() - since >= stall_s:
+            return {"drained": False, "stalled": left, "lags": lags}
+        if progress:
+            progress(f"draining: not yet committed {left}")
+        await asyncio.sleep(poll_s)
+    return {"drained": False, "stalled": {}, "lags": lags, "timed_out": True}
+
+
+def scale_arg(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise ValueError("scale must be in (0, 1]")
+    return value
+
+
+# -- profiling (py-spy, sampling the live processes) ------------------------------------------
+
+
+class PySpy:
+    """``py-spy record`` against running pids; ``stop()`` returns, per label, the functions with
+    the largest share of samples (own time, and inclusive) from the collapsed stacks."""
+
+    def __init__(self, out_dir: Path, rate: int = 50) -> None:
+        self.out_dir, self.rate = out_dir, rate
+        self.procs: dict[str, tuple[subprocess.Popen, Path]] = {}
+        out_dir.mkdir(parents=True, exist_ok=True)
+
+    def start(self, label: str, pid: int) -> None:
+        exe = Path(sys.executable).with_name("py-spy")
+        if not exe.exists():
+            print("(py-spy not found next to the interpreter: no profile)", file=sys.stderr)
+            return
+        out = self.out_dir / f"{label}.collapsed"
+        # --nonblocking: sample without pausing the service, so the figures stay close to unprofiled ones.
+        proc = subprocess.Popen([str(exe), "record", "--pid", str(pid), "--format", "raw", "--rate", str(self.rate),
+                                 "--nonblocking", "--output", str(out)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+        self.procs[label] = (proc, out)
+
+    def stop(self, top: int = 15) -> dict[str, dict[str, Any]]:
+        summaries = {}
+        for label, (proc, out) in self.procs.items():
+            proc.send_signal(2)  # SIGINT: py-spy writes its file and exits
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            summaries[label] = summarize_collapsed(out, top) if out.exists() else {"error": "no samples written"}
+        return summaries
+
+
+def summarize_collapsed(path: Path, top: int = 15) -> dict[str, Any]:
+    """Collapsed stacks ("f1;f2;f3 count" per line) → the share of samples (%) spent idle in
+    the event loop's select (waiting for the broker), the top functions by own samples, and
+    the top functions of our own code (services/) by inclusive samples."""
+    own: dict[str, int] = {}
+    inclusive: dict[str, int] = {}
+    total = idle = 0
+    for line in path.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        total += count
+        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]  # one entry per function, not per line
+        if frames[-1].startswith("EpollSelector.select"):
+            idle += count
+        own[frames[-1]] = own.get(frames[-1], 0) + count
+        for frame in set(frames):
+            if "(services/" in frame and "ServiceRuntime.main" not in frame and "<module>" not in frame:
+                inclusive[frame] = inclusive.get(frame, 0) + count
+
+    def ranked(counts: dict[str, int]) -> list[list[Any]]:
+        return [[f, round(100 * c / total, 1)] for f, c in sorted(counts.items(), key=lambda kv: -kv[1])[:top]]
+
+    return {"samples": total, "file": str(path), "idle_in_select_pct": round(100 * idle / total, 1) if total else None,
+            "own_pct": ranked(own) if total else [], "services_inclusive_pct": ranked(inclusive) if total else []}
+
+
+def stop_on_signals() -> None:
+    """SIGTERM / SIGINT cancel the running benchmark, so its ``async with BenchStack`` still
+    stops the services and deletes the run's topics (a background job ignores SIGINT, and a
+    plain SIGTERM would leave four service processes behind)."""
+    import signal
+
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+
+
+async def read_records(bootstrap: str, topic: str) -> list[Any]:
+    """Every record of a topic up to its end offsets now (aiokafka ConsumerRecords, with their
+    timestamps), read without a consumer group. For the figures after a run."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
+                                fetch_max_bytes=32 * 2**20, max_partition_fetch_bytes=8 * 2**20)  # fmt: skip
+    await consumer.start()
+    try:
+        await consumer._client.force_metadata_update()
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        if not tps:
+            return []
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        end = await consumer.end_offsets(tps)
+        remaining = {tp for tp in tps if end[tp] > 0}
+        out: list[Any] = []
+        quiet = 0
+        while remaining and quiet < 3:  # compaction or markers can leave the end past the last record
+            batch = await consumer.getmany(*remaining, timeout_ms=1000, max_records=10_000)
+            quiet = 0 if batch else quiet + 1
+            for tp, records in batch.items():
+                out.extend(r for r in records if r.offset < end[tp])
+                if records and records[-1].offset + 1 >= end[tp]:
+                    remaining.discard(tp)
+        return out
+    finally:
+        await consumer.stop()
