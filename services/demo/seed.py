@@ -597,7 +597,7 @@ async def step4(pl: Player) -> StepResult:
 # --------------------------------------------------------------------------- the run
 
 
-async def run_seed(bootstrap: str, *, step_timeout_s: float = 20.0, progress: Callable[[str], None] | None = None,
+async def run_seed(bootstrap: str, *, step_timeout_s: float = 60.0, progress: Callable[[str], None] | None = None,
                    base_port: int | None = None) -> dict:
     say = progress or (lambda _: None)
     started = time.monotonic()
