@@ -368,7 +368,8 @@ class ServiceRuntime:
                 REFETCHED_AFTER_REBALANCE.labels(self.settings.service, label).inc(len(handled))
                 return
             await batch.commit()
-            # The rebalance check and the cursor update have no await between them.
+            # A rebalance during the commit resets the cursors from the stored ones, which this
+            # batch has just written: the same values.
             self._next_offset.update({tp: offset for tp, (offset, _) in batch.next_offsets.items()})
             self.app.qm_handled.update(event.message for event in handled)
         finally:
