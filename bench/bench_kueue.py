@@ -66,6 +66,7 @@ from common import (  # noqa: E402
     committed_total,
     group_lag,
     load,
+    machine,
     own_cpu_s,
     own_peak_mib,
     pct,
@@ -142,6 +143,7 @@ async def run(scenario: KueueScenario, args: argparse.Namespace) -> dict:
     workloads = scenario_workloads(scenario)
     by_uid = {w.uid: w for w in workloads}
     progress = Progress(scenario.name)
+    at_start = machine()  # commit and versions as the services load them
     load_before = load()
     started = time.monotonic()
     stack = BenchStack(scenario.name, env={"QM_BACKOFF_BASE_S": "0"}, keep_topics=args.keep_topics)
@@ -238,6 +240,7 @@ async def run(scenario: KueueScenario, args: argparse.Namespace) -> dict:
         "cpu_seconds": {**stack.cpu_s, "bench (runner)": own_cpu_s()},
         "peak_memory_mib": {**stack.peak_mib, "bench (runner)": own_peak_mib()},
         "bench_wall_s": round(time.monotonic() - started, 1),
+        "machine": at_start,
         "load_before": load_before,
         "load_after": load(),
         "topic_prefix": stack.prefix,

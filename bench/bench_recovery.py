@@ -45,6 +45,7 @@ from common import (  # noqa: E402
     BenchStack,
     Progress,
     load,
+    machine,
     print_rows,
     row,
     scale_arg,
@@ -109,6 +110,7 @@ def start_queue_manager(stack: BenchStack, port: int) -> subprocess.Popen:
 async def run(args: argparse.Namespace) -> dict:
     n = max(1, round(args.workloads * args.scale))
     progress = Progress("recovery")
+    at_start = machine()  # commit and versions as the services load them
     load_before = load()
     started = time.monotonic()
     env = {"QM_STORE": f"{args.store}://"}
@@ -173,6 +175,7 @@ async def run(args: argparse.Namespace) -> dict:
         "cpu_seconds": cpu,
         "peak_memory_mib_restarted_queue_manager": peak_restarted,
         "bench_wall_s": round(time.monotonic() - started, 1),
+        "machine": at_start,
         "load_before": load_before,
         "load_after": load(),
         "topic_prefix": stack.prefix,

@@ -62,6 +62,7 @@ from common import (  # noqa: E402
     Progress,
     PySpy,
     load,
+    machine,
     own_cpu_s,
     own_peak_mib,
     pct,
@@ -221,6 +222,7 @@ async def run(args: argparse.Namespace) -> dict:
     span_s = workloads[-1].submit_s + TICK_EVERY_S
     compressed = 10 * args.speed  # ten wall seconds of simulated time
     env = {"QM_PODS_READY_TIMEOUT_S": str(int(compressed)), "QM_ZOMBIE_TTL_S": str(int(compressed))}
+    at_start = machine()  # commit and versions as the services load them
     load_before = load()
     started = time.monotonic()
     profiles = None
@@ -347,6 +349,7 @@ async def run(args: argparse.Namespace) -> dict:
         "cpu_seconds": {**stack.cpu_s, "bench (simulator)": own_cpu_s()},
         "peak_memory_mib": {**stack.peak_mib, "bench (simulator)": own_peak_mib()},
         "bench_wall_s": round(time.monotonic() - started, 1),
+        "machine": at_start,
         "load_before": load_before,
         "load_after": load(),
         "topic_prefix": stack.prefix,

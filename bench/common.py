@@ -84,10 +84,12 @@ def load() -> list[float]:
 
 
 def write_result(name: str, report: dict[str, Any], out: str | Path | None = None) -> Path:
-    """bench/results/<name>.json (or ``out``), with the machine record added."""
+    """bench/results/<name>.json (or ``out``), with the machine record added (pass the one taken
+    at the start as ``report["machine"]``: the commit can move while a long run goes on)."""
     path = Path(out) if out else RESULTS / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    report = {"benchmark": name, "machine": machine(), **report}
+    # the record taken when the run started (services load the code then), else now
+    report = {"benchmark": name, **report, "machine": report.get("machine") or machine()}
     path.write_text(json.dumps(report, indent=2, default=str) + "\n")
     return path
 

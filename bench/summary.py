@@ -2,7 +2,8 @@
 
 Rows come from each benchmark's own ``summary_rows`` (kueue-baseline, kueue-large-scale,
 alibaba-replay, recovery); the webhook's are built here from bench-webhook.json. A missing
-file is a row saying so, never a number. The machine, commit and load of each run are listed
+file is a row saying so, never a number. Other result files with summary rows (a run kept
+with ``--out``, e.g. alibaba-replay-scale0.2.json) follow the five. The machine, commit and load of each run are listed
 under the table: figures from a loaded or dirty run are read with that in mind.
 """
 
@@ -38,7 +39,10 @@ def main() -> int:
     p.add_argument("--results", default=str(RESULTS), help="directory of the benchmark JSON files")
     args = p.parse_args()
     rows, runs = [], []
-    for name in ORDER:
+    # the five of record first, then any extra run kept under another name (e.g. a smaller scale)
+    extra = sorted(p.stem for p in Path(args.results).glob("*.json")
+                   if p.stem not in ORDER and "summary_rows" in json.loads(p.read_text()))  # fmt: skip
+    for name in (*ORDER, *extra):
         path = Path(args.results) / f"{name}.json"
         if not path.exists():
             rows.append(row(f"{name}", "not run (no JSON)", "—", "—", None))
