@@ -514,9 +514,12 @@ class ServiceRuntime:
         @app.page("/readyz")
         async def readyz(web, request):
             recovering = app.tables.recovery.in_recovery if app.tables else False
-            ready = not app.rebalancing and not recovering
+            # Joined its consumer group at least once: before that nothing is consumed, and on a
+            # fresh broker the first join waits for the group coordinator to load.
+            joined = app.consumer_generation_id > 0
+            ready = joined and not app.rebalancing and not recovering
             return web.json(
-                {"ready": ready, "rebalancing": app.rebalancing, "recovering": recovering},
+                {"ready": ready, "joined": joined, "rebalancing": app.rebalancing, "recovering": recovering},
                 status=200 if ready else 503,
             )
 

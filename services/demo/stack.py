@@ -56,7 +56,7 @@ class Stack:
                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
             )
 
-    def wait_ready(self, timeout_s: float = 90) -> None:
+    def wait_ready(self, timeout_s: float = 180) -> None:
         deadline = time.monotonic() + timeout_s
         waiting = set(SERVICES)
         while waiting and time.monotonic() < deadline:
