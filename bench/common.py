@@ -33,6 +33,7 @@ if str(ROOT) not in sys.path:
 from aiokafka import AIOKafkaConsumer, TopicPartition  # noqa: E402
 from aiokafka.admin import AIOKafkaAdminClient  # noqa: E402
 
+from services.adapters import bus  # noqa: E402
 from services.adapters.bus import create_topics  # noqa: E402
 from services.demo.stack import Stack, free_base_port  # noqa: E402
 
@@ -266,18 +267,11 @@ def first_error(log: Path) -> str | None:
 
 async def delete_topics(bootstrap: str, mine) -> list[str]:
     """Delete this run's own topics (``mine(name)`` true), nothing else."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
     try:
-        names = [t for t in await admin.list_topics() if mine(t)]
-        if names:
-            await admin.delete_topics(names)
-        return names
+        return await bus.delete_topics(bootstrap, mine)
     except Exception as error:  # noqa: BLE001 - cleanup must not hide the result
         print(f"(could not delete this run's topics: {error})", file=sys.stderr)
         return []
-    finally:
-        await admin.close()
 
 
 async def group_lag(bootstrap: str, groups: list[str]) -> dict[str, dict[str, int] | None]:

@@ -8,7 +8,8 @@
 #   deploy/kafka/kafka.sh reset    stop and delete the broker's data
 #
 # Settings (environment): QM_KAFKA_PORT (9092), QM_KAFKA_CONTROLLER_PORT (9093),
-# QM_KAFKA_HOME (~/.cache/quartermaster/kafka-run), QM_CACHE (~/.cache/quartermaster).
+# QM_KAFKA_HOME (~/.cache/quartermaster/kafka-run), QM_CACHE (~/.cache/quartermaster),
+# QM_KAFKA_START_TIMEOUT (300 s to wait for the broker to answer).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -18,6 +19,7 @@ libs="$cache/kafka-$kafka_version/libs"
 run_dir="${QM_KAFKA_HOME:-$cache/kafka-run}"
 port="${QM_KAFKA_PORT:-9092}"
 controller_port="${QM_KAFKA_CONTROLLER_PORT:-9093}"
+start_timeout="${QM_KAFKA_START_TIMEOUT:-300}"
 data_dir="$run_dir/data"
 log_file="$run_dir/broker.log"
 pid_file="$run_dir/broker.pid"
@@ -112,15 +114,26 @@ start() {
     -Dlog4j2.configurationFile='$run_dir/log4j2.properties' -cp '$libs/*' kafka.Kafka '$config'" \
     >"$run_dir/stdout.log" 2>&1 &
   echo $! >"$pid_file"
-  for _ in $(seq 1 120); do
-    if answers; then
-      echo "kafka.sh: broker up on 127.0.0.1:$port (logs: $log_file)"
-      return 0
-    fi
-    is_running || die "broker exited during start; see $run_dir/stdout.log and $log_file"
-    sleep 0.5
+  # A broker loads every partition it holds before it answers: seconds when fresh, minutes with
+  # thousands of leftover test topics. Wait while it is alive and say what it is doing.
+  local partitions waited=0
+  partitions="$(find "$data_dir" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | wc -l)"
+  if [ "$partitions" -gt 2000 ]; then
+    echo "kafka.sh: $partitions partitions in $data_dir to load; start is slow (\`$0 reset\` empties it)"
+  fi
+  while [ "$waited" -lt "$start_timeout" ]; do
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+      if answers; then
+        echo "kafka.sh: broker up on 127.0.0.1:$port after ${waited} s (logs: $log_file)"
+        return 0
+      fi
+      is_running || die "broker exited during start; see $run_dir/stdout.log and $log_file"
+      sleep 0.5
+    done
+    waited=$((waited + 5))
+    if [ $((waited % 30)) -eq 0 ]; then echo "kafka.sh: still starting after ${waited} s (loading $partitions partitions)"; fi
   done
-  die "broker did not answer on 127.0.0.1:$port within 60 s; see $log_file"
+  die "broker did not answer on 127.0.0.1:$port within $start_timeout s (QM_KAFKA_START_TIMEOUT); see $log_file, or \`$0 reset\` to start empty"
 }
 
 stop() {
