@@ -16,6 +16,7 @@ import orjson
 from services.contracts.events import ConfigSnapshot
 from services.core.quota import Objects, load_objects
 from services.policy.loader import Document, PolicySet, read_documents
+from services.policy.quota_rules import load_quota_rules
 
 SOURCE_ANNOTATION = "quartermaster.dev/source"
 CONFIG_GROUPS = ("kueue.x-k8s.io", "templates.gatekeeper.sh", "constraints.gatekeeper.sh", "quartermaster.dev")
@@ -34,7 +35,9 @@ def collect(paths: list[str | Path]) -> list[Document]:
 def validate(docs: list[Document]) -> tuple[Objects, PolicySet]:
     """Raises ConfigError / PolicyError naming the file, the object and the field."""
     kueue = [(d.file, d.body) for d in docs if _group(d.body) == "kueue.x-k8s.io"]
-    return load_objects(kueue), PolicySet.from_documents(docs, version=digest(docs))
+    objects = load_objects(kueue)
+    load_quota_rules(docs, objects)  # QuotaRules must name queues and flavors of this same set
+    return objects, PolicySet.from_documents(docs, version=digest(docs))
 
 
 def digest(docs: list[Document]) -> str:

@@ -1,6 +1,7 @@
-"""Read-only replicas for admission (and cost):  live usage (qm.usage), budgets (qm.budgets) and
-namespace labels (namespace.labels.v1 on qm.cluster), kept current by a consumer that reads
-every partition without a consumer group, so each admission replica sees everything.
+"""Read-only replicas for admission (and cost):  live usage (qm.usage), budgets (qm.budgets),
+namespace labels and node capacity (namespace.labels.v1, node.capacity.v1 on qm.cluster), kept
+current by a consumer that reads every partition without a consumer group, so each replica
+sees everything. The queue-manager reads one too when dynamic quota rules need `cluster`.
 
 It is the webhook's `LiveState` too: both paths evaluate against the same replica.
 """
@@ -11,7 +12,9 @@ import asyncio
 from typing import Any
 
 from services.adapters.bus import follow
-from services.contracts.events import BudgetStatus, NamespaceLabels, UsageSnapshot
+from services.contracts.events import BudgetStatus, NamespaceLabels, NodeCapacity, UsageSnapshot
+from services.core.quota import Objects
+from services.core.quota.dynamic import GPU, cluster_signals
 
 
 class LiveReplica:
@@ -22,7 +25,11 @@ class LiveReplica:
         self.namespaces: dict[str, dict[str, Any]] = {}
         self.usages: dict[str, dict[str, Any]] = {}
         self.budgets: dict[str, dict[str, Any]] = {}
+        self.nodes: dict[str, dict[str, Any]] = {}  # schedulable nodes: name -> {flavor, gpu milli}
+        self.objects = Objects()  # the active Kueue config: capacity of flavors without known nodes
         self.caught_up = asyncio.Event()
+        self._changes = 0  # counts usage and node updates, so cluster() knows when to recompute
+        self._signals: tuple[tuple[int, int], dict[str, Any]] | None = None
 
     # -- LiveState --------------------------------------------------------------------
     def namespace(self, name: str) -> dict[str, Any] | None:
@@ -35,13 +42,20 @@ class LiveReplica:
         return self.budgets.get(cost_center)
 
     def cluster(self) -> dict[str, Any] | None:
-        return None
+        """GPU capacity, use and utilization of the whole cluster (`cluster` in CEL); recomputed
+        only after usage, nodes or config changed (admission asks on every request)."""
+        inputs = (self._changes, id(self.objects))
+        if self._signals is None or self._signals[0] != inputs:
+            self._signals = (inputs, cluster_signals(self.nodes, self.usages.values(), self.objects))
+        return self._signals[1]
 
     def ready(self) -> bool:
         return self.caught_up.is_set()
 
     # -- folding ----------------------------------------------------------------------
     def apply(self, payload: Any) -> None:
+        if isinstance(payload, UsageSnapshot | NodeCapacity):
+            self._changes += 1
         if isinstance(payload, UsageSnapshot):
             self.usages[payload.namespace] = {
                 "namespace": payload.namespace,
@@ -59,6 +73,11 @@ class LiveReplica:
                 "remaining": payload.remaining,
                 "exhausted": payload.exhausted,
             }
+        elif isinstance(payload, NodeCapacity):
+            if payload.deleted or payload.unschedulable or not payload.flavor:
+                self.nodes.pop(payload.node, None)
+            else:
+                self.nodes[payload.node] = {"flavor": payload.flavor, "gpu": (payload.allocatable or {}).get(GPU, 0)}
         elif isinstance(payload, NamespaceLabels):
             if payload.deleted:
                 self.namespaces.pop(payload.namespace, None)

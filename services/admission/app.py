@@ -48,6 +48,7 @@ replica = LiveReplica(
     settings.kafka_bootstrap,
     {name: settings.topic(name) for name in ("qm.usage", "qm.budgets", "qm.cluster")},
 )
+replica.objects = config.objects  # `cluster` capacity of flavors whose nodes are not known
 
 
 def decide(submitted: WorkloadSubmitted, cause: Envelope) -> list[Output]:
@@ -122,6 +123,7 @@ def apply_config(payload) -> None:
         return
     if objects.cluster_queues:
         config = KueueConfig.from_objects(objects)
+        replica.objects = objects
     policies.replace(policy_set)
     runtime.log.info("config applied", detail=f"version {payload.version} {payload.digest}")
 

@@ -160,6 +160,16 @@ class ClockTick:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSignals:
+    """Live cluster figures at a tick, for the dynamic quota rules of one cohort."""
+
+    EVENT_TYPE = "cluster.signals.v1"
+
+    at: str
+    signals: dict
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ConfigSnapshot:
     """The active configuration set, one version all services agree on."""
 
@@ -253,6 +263,26 @@ class PreemptionVictimsSelected:
     cohort: str
     victims: list
     blocked_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QuotaLimitsChanged:
+    """A QuotaRule changed a ClusterQueue's effective borrowingLimit (milli; None: no limit;
+    rule None: no rule was true, the configured limit applies)."""
+
+    EVENT_TYPE = "quota.limits_changed.v1"
+
+    cluster_queue: str
+    flavor: str
+    resource: str
+    signals: dict
+    changed_at: str
+    message: str
+    static_borrowing_limit: int | None = None
+    previous_borrowing_limit: int | None = None
+    effective_borrowing_limit: int | None = None
+    rule: str | None = None
+    errors: list | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -471,6 +501,7 @@ RECORD_TYPES: dict[str, type] = {
     "billing.ledger_row.v1": LedgerRow,
     "budget.status.v1": BudgetStatus,
     "clock.tick.v1": ClockTick,
+    "cluster.signals.v1": ClusterSignals,
     "config.snapshot.v1": ConfigSnapshot,
     "namespace.labels.v1": NamespaceLabels,
     "node.capacity.v1": NodeCapacity,
@@ -478,6 +509,7 @@ RECORD_TYPES: dict[str, type] = {
     "pod.running.v1": PodRunning,
     "preemption.needed.v1": PreemptionNeeded,
     "preemption.victims_selected.v1": PreemptionVictimsSelected,
+    "quota.limits_changed.v1": QuotaLimitsChanged,
     "usage.snapshot.v1": UsageSnapshot,
     "workload.deactivated.v1": WorkloadDeactivated,
     "workload.evicted.v1": WorkloadEvicted,

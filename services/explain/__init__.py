@@ -157,7 +157,8 @@ def _ts(envelope: Envelope) -> float:
 # At equal event times, the order in which one thing causes the next (the queue-manager stamps
 # a reservation and its admit with the same time; a rekeyed event keeps its source's time).
 _RANK = {t: i for i, t in enumerate((
-    "namespace.labels.v1", "node.capacity.v1", "clock.tick.v1", "workload.submitted.v1", "workload.validated.v1",
+    "namespace.labels.v1", "node.capacity.v1", "clock.tick.v1", "cluster.signals.v1", "quota.limits_changed.v1",
+    "workload.submitted.v1", "workload.validated.v1",
     "workload.rejected.v1", "workload.pending.v1", "preemption.needed.v1", "preemption.victims_selected.v1",
     "action.evict.v1", "workload.evicted.v1", "workload.quota_reserved.v1", "action.admit.v1", "action.outcome.v1",
     "pod.running.v1", "workload.running.v1", "workload.prefreeze_expired.v1", "workload.released.v1",
@@ -255,6 +256,8 @@ def _describe(e: Envelope, names: dict[str, str]) -> tuple[str, str]:
         return "finished", "succeeded" if p.succeeded else "failed or deleted"
     if t == "workload.deactivated.v1":
         return "deactivated", f"{p.reason}: {p.message}"
+    if t == "quota.limits_changed.v1":
+        return "borrowing limit changed", p.message
     if t == "billing.ledger_row.v1":
         return "billed", f"{p.x_UsageKind} {p.ConsumedQuantity} {p.ConsumedUnit} = {p.BilledCost} {p.BillingCurrency}"
     return t, ""
@@ -368,8 +371,8 @@ def explain(workload_key: str, envelopes: Iterable[Envelope]) -> Explanation:
         p = e.payload
         if hasattr(p, "uid") and hasattr(p, "namespace") and hasattr(p, "name") and not e.event_type.startswith("pod."):
             names.setdefault(p.uid, f"{p.namespace}/{p.name}")
-    timeline = [Step(e.occurred_at, *_describe(e, names), e.event_type, e.producer, e.event_id) for e in trail]
     billed = _billed(trail)
+    timeline = [Step(e.occurred_at, *_describe(e, names), e.event_type, e.producer, e.event_id) for e in trail]
 
     def result(verdict: Verdict, answer: str, steps: list[str], holders: list[Holder] | None = None,
                cq: str | None = None) -> Explanation:
@@ -398,6 +401,10 @@ def explain(workload_key: str, envelopes: Iterable[Envelope]) -> Explanation:
     i_pending, pending = _last(trail, "workload.pending.v1")
     if pending is not None and pending.payload.cluster_queue:
         cq = cq or pending.payload.cluster_queue
+    # The queue's borrowingLimit moves with QuotaRules: those changes belong in its story.
+    limit_changes = [e for e in every if e.event_type == "quota.limits_changed.v1" and e.payload.cluster_queue == cq]
+    timeline = [Step(e.occurred_at, *_describe(e, names), e.event_type, e.producer, e.event_id)
+                for e in _ordered([*trail, *limit_changes])]
     i_finished, finished = _last(trail, "workload.finished.v1")
     i_deact, deactivated = _last(trail, "workload.deactivated.v1")
     i_rejected, rejected = _last(trail, "workload.rejected.v1")
@@ -542,10 +549,16 @@ def explain(workload_key: str, envelopes: Iterable[Envelope]) -> Explanation:
                          "policy that allows it, lets it in sooner")
             steps.append("if GPUs look idle while this waits: quota and node capacity are two systems — compare the "
                          "ClusterQueue's quota with node allocatable (`qm status`)")
+        dynamic = ""
+        if limit_changes:
+            last_change = limit_changes[-1].payload
+            dynamic = f" Dynamic quota (since {last_change.changed_at}): {last_change.message}."
+            steps.append("the QuotaRule behind it re-decides at every clock tick from the cluster's live figures "
+                         "(`qm config` shows its rules)")
         return result(
             Verdict.WAITING_FOR_QUOTA,
             f"{workload_key} is pending in ClusterQueue {queue}: {reason}: {message}. Quota is held by: "
-            f"{_holders_text(holders)}.",
+            f"{_holders_text(holders)}.{dynamic}",
             steps,
             holders,
             cq=queue,

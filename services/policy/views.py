@@ -233,5 +233,7 @@ def budget_view(budget: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def cluster_view(cluster: dict[str, Any] | None) -> dict[str, Any]:
-    """Cluster-wide signals (e.g. `gpuUtilization` in 0..1); defaults keep expressions total."""
-    return {"gpuUtilization": 0.0, "gpuCapacity": 0, "gpusInUse": 0, **(cluster or {})}
+    """Cluster-wide signals (services.core.quota.dynamic.cluster_signals: gpuUtilization in 0..1,
+    gpuCapacity, gpuInUse, ...); the defaults keep expressions total before any signal arrived."""
+    return {"gpuUtilization": 0.0, "gpuCapacity": 0, "gpuInUse": 0, "gpuReserved": 0, "gpuRunning": 0,
+            "byFlavor": {}, **(cluster or {})}

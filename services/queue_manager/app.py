@@ -5,23 +5,29 @@ Wiring only; the decisions are in state.apply (a pure fold over the quota core).
     qm.cluster   (keyed by uid)     -> re-keyed by cohort onto qm.workloads (running, finished)
     qm.clock     (one partition)    -> one tick per cohort onto qm.workloads
     qm.preemption (keyed by cohort) -> VictimsSelected joins the cohort's stream on qm.workloads
+    QuotaRules configured: qm.usage + node capacity (read whole) -> cluster.signals.v1 per ruled
+    cohort at each tick, so the fold chooses effective borrowingLimits from facts on its stream
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
+from pathlib import Path
 
 from prometheus_client import Counter, Gauge
 
 from services.adapters import config_set
 from services.adapters.bus import follow
 from services.adapters.kueue_config import KueueConfig
+from services.adapters.live_replica import LiveReplica
 from services.adapters.runtime import Output, ServiceRuntime
 from services.adapters.settings import Settings
 from services.contracts.codec import Envelope, make_envelope
 from services.contracts.events import (
     ClockTick,
+    ClusterSignals,
     ConfigSnapshot,
     NodeCapacity,
     PodFinished,
@@ -32,6 +38,9 @@ from services.contracts.events import (
 )
 from services.contracts.schemas import topic_specs
 from services.core.quota import ConfigError, load_objects
+from services.policy.errors import PolicyError
+from services.policy.loader import read_documents
+from services.policy.quota_rules import load_quota_rules
 from services.queue_manager import state as fold
 
 PENDING = Gauge("kueue_pending_workloads", "Pending workloads per ClusterQueue", ["cluster_queue"])
@@ -43,8 +52,13 @@ NOMINAL_QUOTA = Gauge("kueue_cluster_queue_nominal_quota", "Nominal quota", ["cl
 
 settings = Settings.from_env("queue-manager")
 runtime = ServiceRuntime(settings)
-config = KueueConfig.load(os.environ.get("QM_CONFIG_DIR", "examples/seed"))
+config_dir = Path(os.environ.get("QM_CONFIG_DIR", "examples/seed"))
+config = KueueConfig.load(config_dir)
 objects = config.objects
+try:  # the same files KueueConfig read: the directory's own, not its subdirectories
+    quota_rules = load_quota_rules(read_documents(sorted(config_dir.glob("*.y*ml")))[0], objects)
+except PolicyError as error:
+    raise SystemExit(f"queue-manager: cannot load the QuotaRules in {config_dir}: {error}") from None
 context = fold.Context(
     objects=objects,
     pods_ready_timeout_s=float(os.environ.get("QM_PODS_READY_TIMEOUT_S", 300)),
@@ -53,7 +67,15 @@ context = fold.Context(
     max_expiries=int(os.environ.get("QM_MAX_EXPIRIES", 3)),
     zombie_ttl_s=float(os.environ.get("QM_ZOMBIE_TTL_S", 600)),
     node_labels=config.node_labels(),
+    quota_rules=quota_rules,
 )
+# Dynamic quota needs the whole cluster's usage and nodes; read only while some rule exists.
+live = LiveReplica(settings.kafka_bootstrap, {name: settings.topic(name) for name in ("qm.usage", "qm.cluster")})
+live.objects = objects
+rules_exist = asyncio.Event()
+signals_said: dict[str, dict] = {}  # cohort key -> the signals last published (no repeats)
+if quota_rules:
+    rules_exist.set()
 cohorts = runtime.table("cohorts", partitions=topic_specs()["qm.workloads"].partitions, help="queues per cohort")
 
 for cq_name, cq in objects.cluster_queues.items():
@@ -120,13 +142,25 @@ async def on_cluster_event(envelope: Envelope, event) -> None:
 
 
 async def on_clock_tick(envelope: Envelope, event) -> None:
-    """Ticks arrive on one partition; every cohort owner needs them to expire reservations."""
+    """Ticks arrive on one partition; every cohort owner needs them to expire reservations.
+    With QuotaRules, the cluster's live figures follow the tick onto each ruled cohort's stream
+    (when they changed since last said)."""
     outputs = [
         Output("qm.workloads", key, make_envelope(
             ClockTick(at=envelope.payload.at, source=envelope.payload.source), producer=fold.PRODUCER,
             occurred_at=envelope.occurred_at, identity=(envelope.event_id, key), cause=envelope))
         for key in config.cohort_keys()
     ]
+    if context.quota_rules and live.ready():
+        signals = live.cluster()
+        for key in sorted({config.root_of[r.cluster_queue] for r in context.quota_rules
+                           if r.cluster_queue in config.root_of}):
+            if signals_said.get(key) == signals:
+                continue
+            signals_said[key] = signals
+            outputs.append(Output("qm.workloads", key, make_envelope(
+                ClusterSignals(at=envelope.payload.at, signals=signals), producer=fold.PRODUCER,
+                occurred_at=envelope.occurred_at, identity=(envelope.event_id, key, "signals"), cause=envelope)))
     await runtime.publish(outputs)
 
 
@@ -149,17 +183,30 @@ def apply_config(payload) -> None:
     if not kueue:
         return
     try:
-        config = KueueConfig.from_objects(load_objects(kueue))
-    except ConfigError as error:
+        new_config = KueueConfig.from_objects(load_objects(kueue))
+        rules = load_quota_rules(config_set.documents(payload), new_config.objects)
+    except (ConfigError, PolicyError) as error:
         runtime.log.error("config refused; the previous set stays active", error=str(error), detail=payload.digest)
         return
-    context = dataclasses.replace(context, objects=config.objects, node_labels=config.node_labels())
+    config = new_config
+    context = dataclasses.replace(context, objects=config.objects, node_labels=config.node_labels(), quota_rules=rules)
+    live.objects = config.objects
+    signals_said.clear()  # new rules judge the current figures at the next tick
+    if rules:
+        rules_exist.set()
     runtime.log.info("config applied", detail=f"version {payload.version} {payload.digest}")
 
 
 @runtime.app.task
 async def follow_config() -> None:
     await follow(settings.kafka_bootstrap, [settings.topic("qm.config")], apply_config)
+
+
+@runtime.app.task
+async def follow_live_state() -> None:
+    """Node capacity and every namespace's usage, for the `cluster` signals of QuotaRules."""
+    await rules_exist.wait()
+    await live.run()
 
 
 runtime.consume("qm.workloads", on_workload_event, batched=True)  # the cohort table's only writer
@@ -176,6 +223,8 @@ async def queues_view(web, request):
         view[key] = {
             "pending": sorted(f"{w['namespace']}/{w['name']}" for w in state["pending"].values()),
             "admitted": sorted(f"{e['namespace']}/{e['name']}" for e in state["admitted"].values()),
+            # borrowingLimits QuotaRules set now ("cq|flavor|resource" -> milli, null: no limit)
+            "dynamic_borrowing_limits": state.get("limits", {}),
         }
     return web.json(view)
 

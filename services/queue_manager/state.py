@@ -9,6 +9,8 @@ JSON-able dict so it can live in a faust table:
     said      uid -> the last Pending reason|message published (no event storms)
     expiries  uid -> how many times its reservation expired before running
     now       the latest event time seen (epoch seconds)
+    limits    "cq|flavor|resource" -> the borrowingLimit a QuotaRule set (milli, None: no
+              limit); absent: the configured one. Set only by cluster.signals.v1 events.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ from services.contracts.events import (
     ActionAdmit,
     ActionCleanup,
     ClockTick,
+    ClusterSignals,
     NodeCapacity,
     PodFinished,
     PodRunning,
     PreemptionNeeded,
     PreemptionVictimsSelected,
+    QuotaLimitsChanged,
     UsageSnapshot,
     WorkloadDeactivated,
     WorkloadEvicted,
@@ -50,7 +54,9 @@ from services.core.quota import (
     drain,
 )
 from services.core.quota import Workload as CoreWorkload
+from services.core.quota.dynamic import with_borrowing_limits
 from services.core.quota.model import QueueingStrategy
+from services.policy import quota_rules
 
 PRODUCER = "queue-manager"
 GPU = "nvidia.com/gpu"
@@ -66,8 +72,10 @@ class Context:
     backoff_max_s: float = 3600.0
     max_expiries: int = 3  # then the workload is deactivated
     zombie_ttl_s: float = 600.0
-    cache_key: str | None = None  # the table key, so the shell's process can keep this cohort's quota tree  # pods all gone without a finish: released and cleaned up after this
+    # pods all gone without a finish: released and cleaned up after zombie_ttl_s
+    cache_key: str | None = None  # the table key (the cohort): the shell keeps this cohort's quota tree by it
     node_labels: dict[str, dict[str, str]] = field(default_factory=dict)  # flavor -> node labels
+    quota_rules: tuple[quota_rules.QuotaRule, ...] = ()  # dynamic borrowingLimits (QuotaRule objects)
 
 
 def empty_state() -> dict[str, Any]:
@@ -87,6 +95,9 @@ def iso(seconds: float) -> str:
 def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, list[Output]]:
     state = state if state is not None else empty_state()
     payload = envelope.payload
+    configured = ctx.objects
+    if state.get("limits"):  # decide with the borrowingLimits the QuotaRules chose
+        ctx = dataclasses.replace(ctx, objects=_effective_objects(configured, state["limits"]))
     previous_now = state["now"]
     state["now"] = max(state["now"], epoch(envelope.occurred_at))
     only: list[str] | None = None  # None: every pending workload of the cohort may now fit
@@ -153,11 +164,91 @@ def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, l
     elif isinstance(payload, PreemptionVictimsSelected):
         if not _apply_preemption(state, payload, ctx, emit):
             return state, outputs
+    elif isinstance(payload, ClusterSignals):
+        if not _apply_quota_rules(state, payload, configured, ctx, emit):
+            return state, outputs  # no limit rose: nothing waiting can newly fit
+        ctx = dataclasses.replace(ctx, objects=_effective_objects(configured, state.get("limits") or {}))
     else:
         return state, outputs  # our own outputs and other services' events on qm.workloads
 
     _drain(state, ctx, emit, only=only)
     return state, outputs
+
+
+def _limit_key(key: tuple[str, str, str]) -> str:
+    return "|".join(key)
+
+
+_EFFECTIVE_MEMO: dict[tuple[int, tuple], tuple[Objects, Objects]] = {}
+
+
+def _effective_objects(configured: Objects, limits: dict[str, int | None]) -> Objects:
+    """The config with the rules' borrowingLimits in place; the same object for the same
+    inputs, so the cohort's cached quota tree survives events that change no limit."""
+    if not limits:
+        return configured
+    memo_key = (id(configured), tuple(sorted(limits.items(), key=lambda kv: kv[0])))
+    memo = _EFFECTIVE_MEMO.get(memo_key)
+    if memo is not None and memo[0] is configured:
+        return memo[1]
+    if len(_EFFECTIVE_MEMO) > 1024:
+        _EFFECTIVE_MEMO.clear()
+    effective = with_borrowing_limits(configured, {tuple(k.split("|", 2)): v for k, v in limits.items()})
+    _EFFECTIVE_MEMO[memo_key] = (configured, effective)
+    return effective
+
+
+def _apply_quota_rules(state: dict, signals: ClusterSignals, configured: Objects, ctx: Context,
+                       emit: _Emitter) -> bool:
+    """Dynamic quota: evaluate this cohort's QuotaRules over the signals; a changed effective
+    borrowingLimit is said (quota.limits_changed.v1) and used from this event on. Returns True
+    when some limit rose, so waiting workloads may now fit. A lowered limit evicts nobody
+    (as in Kueue: borrowed quota is given back as workloads finish)."""
+    state["signals"] = signals.signals
+    cohort_queues = None  # without a table key (a fold over one cohort's events): every rule
+    if ctx.cache_key:
+        subset = _cohort_objects(configured, ctx.cache_key)
+        cohort_queues = set(subset.cluster_queues) if subset is not configured else set()
+    rules = [r for r in ctx.quota_rules if cohort_queues is None or r.cluster_queue in cohort_queues]
+    limits = state.setdefault("limits", {})
+    rose = False
+    changed_queues: set[str] = set()
+    for key, outcome in sorted(quota_rules.evaluate(rules, signals.signals, configured).items()):
+        stored = _limit_key(key)
+        previous = limits.get(stored, outcome.static)
+        if outcome.rule is None:
+            limits.pop(stored, None)
+        else:
+            limits[stored] = outcome.effective
+        if previous == outcome.effective:
+            continue
+        rose = rose or outcome.effective is None or (previous is not None and outcome.effective > previous)
+        cq, flavor, resource = key
+        changed_queues.add(cq)
+        emit.add("qm.workloads", ctx.cache_key or cq, QuotaLimitsChanged(
+            cluster_queue=cq, flavor=flavor, resource=resource, static_borrowing_limit=outcome.static,
+            previous_borrowing_limit=previous, effective_borrowing_limit=outcome.effective, rule=outcome.rule,
+            signals=signals.signals, changed_at=iso(state["now"]), errors=list(outcome.errors) or None,
+            message=_limit_message(key, previous, outcome, signals.signals)),
+            identity=(stored, signals.at, previous, outcome.effective))
+    if not limits:
+        state.pop("limits", None)
+    holders = {e["namespace"] for e in state["admitted"].values() if e["cluster_queue"] in changed_queues}
+    if holders:
+        emit.usage(state, holders)
+    return rose
+
+
+def _limit_message(key: tuple[str, str, str], previous: int | None, outcome: quota_rules.Outcome,
+                   signals: dict) -> str:
+    cq, flavor, resource = key
+
+    def amount(milli: int | None) -> str:
+        return "no limit" if milli is None else f"{milli / 1000:g}"
+
+    why = outcome.rule or "no rule is true, the configured borrowingLimit applies"
+    return (f"{cq} may borrow up to {amount(outcome.effective)} {resource} of {flavor} (was {amount(previous)}): "
+            f"{why} (cluster GPU utilization {signals.get('gpuUtilization', 0):.0%})")
 
 
 def _expire_idle_reservations(state: dict, ctx: Context, emit: _Emitter) -> bool:
@@ -524,6 +615,21 @@ def _place(state: dict, workload: dict, flavors: dict, counts: dict) -> tuple[li
     return placement, ""
 
 
+def _namespace_limits(state: dict, namespace: str) -> dict | None:
+    """The rule-set borrowingLimits of the ClusterQueues this namespace holds quota in
+    (cq -> flavor -> resource -> milli), published with its usage; None without any."""
+    limits = state.get("limits")
+    if not limits:
+        return None
+    queues = {e["cluster_queue"] for e in state["admitted"].values() if e["namespace"] == namespace}
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for stored, milli in sorted(limits.items()):
+        cq, flavor, resource = stored.split("|", 2)
+        if cq in queues and milli is not None:
+            out.setdefault(cq, {}).setdefault(flavor, {})[resource] = milli
+    return out or None
+
+
 def namespace_usage(admitted: Iterable[dict], namespace: str) -> tuple[dict, dict, dict]:
     """(reserved, running, total) of one namespace's admitted workloads: flavor -> resource -> milli
     for reserved (pods not yet running) and running, resource -> milli for the total."""
@@ -639,10 +745,12 @@ class _Emitter:
         """Per-namespace usage in this cohort, reserved (not yet running) and running, by flavor."""
         for namespace in sorted(namespaces):
             reserved, running, total = namespace_usage(state["admitted"].values(), namespace)
-            digest = repr((sorted(reserved.items()), sorted(running.items())))
+            limits = _namespace_limits(state, namespace)
+            digest = repr((sorted(reserved.items()), sorted(running.items()), limits))
             self.add(
                 "qm.usage",
                 namespace,
-                UsageSnapshot(namespace=namespace, reserved=reserved, running=running, total=total, as_of=iso(self.now)),
+                UsageSnapshot(namespace=namespace, reserved=reserved, running=running, total=total, as_of=iso(self.now),
+                              effective_borrowing_limits=limits),
                 identity=(namespace, self.cause.event_id, digest),
             )

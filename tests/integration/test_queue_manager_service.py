@@ -13,7 +13,7 @@ import yaml
 from services.adapters.bus import Publisher, read_envelopes
 from services.adapters.kueue_config import KueueConfig
 from services.contracts.codec import make_envelope
-from services.contracts.events import ClockTick, PodRunning, WorkloadFinished, WorkloadValidated
+from services.contracts.events import ClockTick, NodeCapacity, PodRunning, WorkloadFinished, WorkloadValidated
 from services.queue_manager.state import Context, apply
 from tests.integration.processes import start_worker
 from tests.integration.test_worker_recovery import wait_for
@@ -265,3 +265,77 @@ async def _records(bootstrap, topic):
                     yield record
     finally:
         await consumer.stop()
+
+
+DYNAMIC = Path(__file__).resolve().parents[2] / "examples" / "dynamic-quota"
+
+
+async def test_a_quota_rule_lends_while_the_cluster_is_quiet_and_takes_it_back_when_it_fills(
+        kafka_bootstrap, topic_prefix, tmp_path):
+    """examples/dynamic-quota on the broker: team-a (16 nominal, borrowingLimit 0) may borrow
+    16 while the cluster is below 40% utilization. The queue-manager reads the cluster's usage
+    and nodes, says the signals on the cohort's stream at each tick, and the fold decides."""
+    worker = start_worker("services.queue_manager", env(topic_prefix, tmp_path, DYNAMIC), tmp_path / "qm.log")
+    key = "cohort:ai-platform"
+    workloads = topic_prefix + "qm.workloads"
+
+    async def trail():
+        return await events_on(kafka_bootstrap, workloads)
+
+    async def ticks_until(bus, done, what, start_minute):
+        minute = start_minute
+        for _ in range(60):  # the worker's replica of qm.usage/qm.cluster catches up on its own time
+            at = f"2026-11-29T10:{minute:02d}:00Z"
+            await bus.publish("qm.clock", "test", make_envelope(ClockTick(at=at, source="test"), producer="test",
+                                                                occurred_at=at))
+            await bus.flush()
+            minute += 1
+            try:
+                await wait_for(done, 1.5, what)
+                return minute
+            except AssertionError:
+                continue
+        raise AssertionError(f"no {what} after 60 ticks; log:\n{worker.log()}")
+
+    try:
+        worker.wait_ready()
+        async with Publisher(kafka_bootstrap, topic_prefix) as bus:
+            await bus.publish("qm.workloads", key, validated("train-24", 24, cq="team-a", queue="team-a", ns="team-a",
+                                                             cohort="ai-platform"))
+            await bus.flush()
+
+            async def said_pending():
+                return any(e.event_type == "workload.pending.v1" for e in await trail())
+
+            await wait_for(said_pending, 60, "train-24 to wait for quota")
+
+            async def admitted():
+                return any(e.event_type == "workload.quota_reserved.v1" for e in await trail())
+
+            minute = await ticks_until(bus, admitted, "admission once the rule lends", start_minute=1)
+
+            # Two 8-GPU nodes appear: 24 GPUs held of 16 that exist, far above 40%.
+            for node in ("a100-0", "a100-1"):
+                await bus.publish("qm.cluster", node, make_envelope(
+                    NodeCapacity(node=node, flavor="a100-flavor", allocatable={"nvidia.com/gpu": 8000}),
+                    producer="test", occurred_at="2026-11-29T10:30:00Z"))
+            await bus.flush()
+
+            async def taken_back():
+                changes = [e for e in await trail() if e.event_type == "quota.limits_changed.v1"]
+                return len(changes) >= 2
+
+            await ticks_until(bus, taken_back, "the limit to fall back", start_minute=minute + 30)
+    finally:
+        worker.stop()
+    events = await trail()
+    changes = [e.payload for e in events if e.event_type == "quota.limits_changed.v1"]
+    assert [(c.previous_borrowing_limit, c.effective_borrowing_limit) for c in changes] == [(0, 16000), (16000, 0)]
+    assert changes[0].rule.endswith("cluster.gpuUtilization < 0.4") and changes[1].rule is None
+    assert changes[0].signals["capacitySource"] == "quota" and changes[1].signals["gpuCapacity"] == 16
+    assert any(e.event_type == "cluster.signals.v1" for e in events)
+    reserved = [e.payload for e in events if e.event_type == "workload.quota_reserved.v1"]
+    assert [(r.name, r.borrowing) for r in reserved] == [("train-24", True)]
+    assert not any(e.event_type == "workload.evicted.v1" for e in events)  # lowering evicts nobody
+    usage = [e.payload for e in await events_on(kafka_bootstrap, topic_prefix + "qm.usage")]
+    assert {"team-a": {"a100-flavor": {"nvidia.com/gpu": 16000}}} in [u.effective_borrowing_limits for u in usage]
