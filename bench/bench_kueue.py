@@ -317,9 +317,12 @@ def main() -> int:
     p.add_argument("--profile", action="store_true", help="sample every service with py-spy during the run")
     p.add_argument("--profile-dir", default="/tmp/quartermaster-bench-profiles")
     p.add_argument("--keep-topics", action="store_true", help="keep this run's topics on the broker afterwards")
-    with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
+    try:
         return asyncio.run(main_async(p.parse_args()))
-    return 130
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("interrupted by a signal: services stopped, this run's topics deleted, no result written",
+              file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import signal
@@ -222,9 +221,12 @@ def main() -> int:
     p.add_argument("--store", choices=["memory", "rocksdb"], default="memory")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds for the processing, and again for the restart")
     p.add_argument("--keep-topics", action="store_true", help="keep this run's topics on the broker afterwards")
-    with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
+    try:
         return asyncio.run(main_async(p.parse_args()))
-    return 130
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("interrupted by a signal: services stopped, this run's topics deleted, no result written",
+              file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import sys
 import time
 from collections import Counter
@@ -267,8 +266,9 @@ async def run(args: argparse.Namespace) -> dict:
                      "for the ledger", force=True)  # fmt: skip
             # Every ledger row is out once qm.workloads is read to the end; the budget fold behind
             # it (by-cost-center) and the row index (qm.billing) do not change the rows.
+            # (a long stall window: one batch of the ledger fold can take a minute to commit)
             drain = await wait_drained(stack.bootstrap, groups, timeout_s=args.reconcile_wait, progress=progress,
-                                       stack=stack, ignore=("-by-cost-center", "qm.billing"))  # fmt: skip
+                                       stack=stack, ignore=("-by-cost-center", "qm.billing"), stall_s=120)  # fmt: skip
         # when every ledger row was out (the whole stack drained, if that came within the timeout)
         rows_out_after = time.monotonic() - sim_started if drain["drained"] else None
         exited = stack.exited()  # (read before the stack is stopped: then every service has exited)
@@ -417,9 +417,12 @@ def main() -> int:
     p.add_argument("--profile-dir", default="/tmp/quartermaster-bench-profiles")
     p.add_argument("--keep-topics", action="store_true", help="keep this run's topics on the broker afterwards")
     p.add_argument("--out", default=None, help="result file (default bench/results/alibaba-replay.json)")
-    with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
+    try:
         return asyncio.run(main_async(p.parse_args()))
-    return 130
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("interrupted by a signal: services stopped, this run's topics deleted, no result written",
+              file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
