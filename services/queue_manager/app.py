@@ -14,9 +14,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import time
 from pathlib import Path
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 from services.adapters import config_set
 from services.adapters.bus import follow
@@ -49,6 +50,13 @@ RESOURCE_USAGE = Gauge(
     "kueue_cluster_queue_resource_usage", "Reserved quota", ["cluster_queue", "flavor", "resource"]
 )
 NOMINAL_QUOTA = Gauge("kueue_cluster_queue_nominal_quota", "Nominal quota", ["cluster_queue", "flavor", "resource"])
+DECISION_SECONDS = Histogram(
+    "qm_queue_decision_seconds",
+    "From a workload.validated record's append to qm.workloads until the queue-manager has applied it "
+    "(its QuotaReserved or Pending acknowledged by the broker): queueing delay included",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+)
+OBSERVE_EVERY_S = 1.0  # gauges walk a cohort's whole state: once a second for the cohorts that changed
 
 settings = Settings.from_env("queue-manager")
 runtime = ServiceRuntime(settings)
@@ -85,22 +93,57 @@ for cq_name, cq in objects.cluster_queues.items():
                 NOMINAL_QUOTA.labels(cq_name, flavor.flavor, quota.resource).set(quota.nominal / 1000)
 
 
-def _observe(state: dict) -> None:
-    pending: dict[str, int] = {}
+changed_cohorts: set[str] = set()  # cohorts whose state moved since their gauges were last set
+
+
+@runtime.app.timer(OBSERVE_EVERY_S)
+async def observe_changed_cohorts() -> None:
+    for key in sorted(changed_cohorts):
+        entry = cohorts.get(key)
+        if entry is not None and entry.get("state") is not None:
+            _observe(key, entry["state"])
+    changed_cohorts.clear()
+
+
+def _observe(key: str, state: dict) -> None:
+    """Pending workloads and reserved quota per ClusterQueue of this cohort (zero included, so a
+    queue that emptied does not keep showing its last figure)."""
+    queues = [cq for cq, root in config.root_of.items() if root == key]
+    pending = dict.fromkeys(queues, 0)
     for w in state["pending"].values():
         pending[w["cluster_queue"]] = pending.get(w["cluster_queue"], 0) + 1
     for cq, n in pending.items():
         PENDING.labels(cq).set(n)
+    usage = {(cq, quota_flavor.flavor, quota.resource): 0
+             for cq in queues for group in objects_of(cq) for quota_flavor in group.flavors
+             for quota in quota_flavor.resources}
+    for entry in state["admitted"].values():
+        for flavor, by_resource in entry["usage"].items():
+            for resource, milli in by_resource.items():
+                usage[(entry["cluster_queue"], flavor, resource)] = usage.get(
+                    (entry["cluster_queue"], flavor, resource), 0) + milli
+    for (cq, flavor, resource), milli in usage.items():
+        RESOURCE_USAGE.labels(cq, flavor, resource).set(milli / 1000)
+
+
+def objects_of(cluster_queue: str):
+    spec = config.objects.cluster_queues.get(cluster_queue)
+    return spec.resource_groups if spec else ()
 
 
 async def on_workload_event(envelope: Envelope, event) -> None:
     key = event.key.decode() if event.key else envelope.payload.uid
     applied = await runtime.apply_once(cohorts, key, envelope, lambda s, e: fold.apply(s, e, dataclasses.replace(context, cache_key=key)))
-    if applied and envelope.event_type == "workload.validated.v1":
+    if not applied:
+        return
+    if envelope.event_type == "workload.validated.v1":
         state = runtime.entry(cohorts, key)["state"]
+        appended = getattr(getattr(event, "message", None), "timestamp", None)
+        if appended:
+            DECISION_SECONDS.observe(max(0.0, time.time() - appended))
         if envelope.payload.uid in state["admitted"]:
             ADMITTED_TOTAL.labels(state["admitted"][envelope.payload.uid]["cluster_queue"]).inc()
-        _observe(state)
+    changed_cohorts.add(key)
 
 
 async def on_cluster_event(envelope: Envelope, event) -> None:

@@ -44,6 +44,14 @@ class Worker:
             time.sleep(0.2)
         raise TimeoutError(f"worker not ready in {timeout_s}s; log:\n{self.log()}")
 
+    def metrics(self) -> str:
+        """The worker's Prometheus exposition ("" while it does not answer)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2) as response:
+                return response.read().decode()
+        except OSError:
+            return ""
+
     def kill(self) -> None:
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(10)

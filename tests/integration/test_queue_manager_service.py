@@ -69,6 +69,15 @@ async def test_seed_flow_reserve_pending_run_expire(kafka_bootstrap, topic_prefi
                        for e in await events_on(kafka_bootstrap, topic_prefix + "qm.workloads"))
 
         await wait_for(expired, 60, "the idle reservation to expire")
+
+        async def gauges_settled():  # set once a second for the cohorts that changed
+            return 'kueue_pending_workloads{cluster_queue="gpu-queue"} 2.0' in worker.metrics()
+
+        await wait_for(gauges_settled, 30, "the pending gauge to count train-16 and the requeued train-4")
+        metrics = worker.metrics()
+        assert 'kueue_cluster_queue_resource_usage{cluster_queue="gpu-queue",flavor="a100-flavor",' \
+               'resource="nvidia.com/gpu"} 12.0' in metrics  # "used" holds its 12; train-4 gave its 4 back
+        assert "qm_queue_decision_seconds_count 3.0" in metrics
     finally:
         worker.stop()
     trail = await events_on(kafka_bootstrap, topic_prefix + "qm.workloads")
