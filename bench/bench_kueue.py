@@ -63,15 +63,17 @@ from common import (  # noqa: E402
     BenchStack,
     Progress,
     PySpy,
+    add_run_options,
     committed_total,
     group_lag,
     load,
     machine,
-    own_cpu_s,
-    own_peak_mib,
     pct,
     print_rows,
+    process_figures,
     row,
+    run_cli,
+    run_figures,
     scale_arg,
     stop_on_signals,
     topic_end_offsets,
@@ -235,16 +237,8 @@ async def run(scenario: KueueScenario, args: argparse.Namespace) -> dict:
         "bus_records": {t.removeprefix(stack.prefix): n for t, n in bus.items()},
         "uncommitted_at_end": {g: {t.removeprefix(stack.prefix): n for t, n in (per or {}).items()}
                                for g, per in backlog.items()},
-        "services_ready_s": stack.ready_s,
-        # per process over the run: how much of the wall each one spent computing
-        "cpu_seconds": {**stack.cpu_s, "bench (runner)": own_cpu_s()},
-        "peak_memory_mib": {**stack.peak_mib, "bench (runner)": own_peak_mib()},
-        "bench_wall_s": round(time.monotonic() - started, 1),
-        "machine": at_start,
-        "load_before": load_before,
-        "load_after": load(),
-        "topic_prefix": stack.prefix,
-        "logs": str(stack.run_dir),
+        **process_figures(stack, "bench (runner)"),
+        **run_figures(stack, started, at_start, load_before),
     }
     if profiles is not None:
         result["profile"] = profiles
@@ -314,15 +308,8 @@ def main() -> int:
     p.add_argument("--stall", type=float, default=60.0,
                    help="give up after this many seconds without an admission, a finish or a commit by any "
                         "service (default 60)")
-    p.add_argument("--profile", action="store_true", help="sample every service with py-spy during the run")
-    p.add_argument("--profile-dir", default="/tmp/quartermaster-bench-profiles")
-    p.add_argument("--keep-topics", action="store_true", help="keep this run's topics on the broker afterwards")
-    try:
-        return asyncio.run(main_async(p.parse_args()))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("interrupted by a signal: services stopped, this run's topics deleted, no result written",
-              file=sys.stderr)
-        return 130
+    add_run_options(p)
+    return run_cli(main_async, p)
 
 
 if __name__ == "__main__":

@@ -43,10 +43,13 @@ from common import (  # noqa: E402
     ROOT,
     BenchStack,
     Progress,
+    add_run_options,
     load,
     machine,
     print_rows,
     row,
+    run_cli,
+    run_figures,
     scale_arg,
     stop_on_signals,
     topic_end_offsets,
@@ -173,12 +176,7 @@ async def run(args: argparse.Namespace) -> dict:
         "peak_memory_mib": peak,
         "cpu_seconds": cpu,
         "peak_memory_mib_restarted_queue_manager": peak_restarted,
-        "bench_wall_s": round(time.monotonic() - started, 1),
-        "machine": at_start,
-        "load_before": load_before,
-        "load_after": load(),
-        "topic_prefix": stack.prefix,
-        "logs": str(stack.run_dir),
+        **run_figures(stack, started, at_start, load_before),
     }
     result["summary_rows"] = summary_rows(result)
     return result
@@ -220,13 +218,8 @@ def main() -> int:
     p.add_argument("--queues", type=int, default=10, help="ClusterQueues per cohort")
     p.add_argument("--store", choices=["memory", "rocksdb"], default="memory")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds for the processing, and again for the restart")
-    p.add_argument("--keep-topics", action="store_true", help="keep this run's topics on the broker afterwards")
-    try:
-        return asyncio.run(main_async(p.parse_args()))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("interrupted by a signal: services stopped, this run's topics deleted, no result written",
-              file=sys.stderr)
-        return 130
+    add_run_options(p, profile=False)
+    return run_cli(main_async, p)
 
 
 if __name__ == "__main__":

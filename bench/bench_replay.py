@@ -60,14 +60,16 @@ from common import (  # noqa: E402
     BenchStack,
     Progress,
     PySpy,
+    add_run_options,
     load,
     machine,
-    own_cpu_s,
-    own_peak_mib,
     pct,
     print_rows,
+    process_figures,
     read_records,
     row,
+    run_cli,
+    run_figures,
     scale_arg,
     stop_on_signals,
     topic_end_offsets,
@@ -344,16 +346,8 @@ async def run(args: argparse.Namespace) -> dict:
             "reconciled": led_total == exp_total,
             "closed_through": {k.decode(): v / HOUR_MS for k, v in closed_through.items()},
         },
-        "services_ready_s": stack.ready_s,
-        # per process over the run: how much of the wall each one spent computing
-        "cpu_seconds": {**stack.cpu_s, "bench (simulator)": own_cpu_s()},
-        "peak_memory_mib": {**stack.peak_mib, "bench (simulator)": own_peak_mib()},
-        "bench_wall_s": round(time.monotonic() - started, 1),
-        "machine": at_start,
-        "load_before": load_before,
-        "load_after": load(),
-        "topic_prefix": stack.prefix,
-        "logs": str(stack.run_dir),
+        **process_figures(stack, "bench (simulator)"),
+        **run_figures(stack, started, at_start, load_before),
     }  # fmt: skip
     if profiles is not None:
         result["profile"] = profiles
@@ -413,16 +407,9 @@ def main() -> int:
     p.add_argument("--reconcile-wait", type=float, default=900.0,
                    help="after a timeout, seconds more until every ledger row is out (qm.workloads read to the "
                         "end by every service), so the ledger can still be reconciled (0: do not wait; default 900)")
-    p.add_argument("--profile", action="store_true", help="sample every service with py-spy during the run")
-    p.add_argument("--profile-dir", default="/tmp/quartermaster-bench-profiles")
-    p.add_argument("--keep-topics", action="store_true", help="keep this run's topics on the broker afterwards")
+    add_run_options(p)
     p.add_argument("--out", default=None, help="result file (default bench/results/alibaba-replay.json)")
-    try:
-        return asyncio.run(main_async(p.parse_args()))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("interrupted by a signal: services stopped, this run's topics deleted, no result written",
-              file=sys.stderr)
-        return 130
+    return run_cli(main_async, p)
 
 
 if __name__ == "__main__":

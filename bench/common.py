@@ -9,6 +9,7 @@ in the markdown table (figure, measured, anchor, target, met).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import hashlib
 import json
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
@@ -469,3 +471,43 @@ async def read_records(bootstrap: str, topic: str) -> list[Any]:
         return out
     finally:
         await consumer.stop()
+
+
+def run_figures(stack: BenchStack, started: float, at_start: dict, load_before: list[float]) -> dict[str, Any]:
+    """What every full-stack result records about its run: wall, machine, load, where its logs are."""
+    return {
+        "bench_wall_s": round(time.monotonic() - started, 1),
+        "machine": at_start,
+        "load_before": load_before,
+        "load_after": load(),
+        "topic_prefix": stack.prefix,
+        "logs": str(stack.run_dir),
+    }
+
+
+def process_figures(stack: BenchStack, own_label: str) -> dict[str, Any]:
+    """Per process over the run: when each service was ready, the CPU it used, its peak memory."""
+    return {
+        "services_ready_s": stack.ready_s,
+        "cpu_seconds": {**stack.cpu_s, own_label: own_cpu_s()},
+        "peak_memory_mib": {**stack.peak_mib, own_label: own_peak_mib()},
+    }
+
+
+def add_run_options(parser: argparse.ArgumentParser, *, profile: bool = True) -> None:
+    if profile:
+        parser.add_argument("--profile", action="store_true", help="sample every service with py-spy during the run")
+        parser.add_argument("--profile-dir", default="/tmp/quartermaster-bench-profiles")
+    parser.add_argument("--keep-topics", action="store_true", help="keep this run's topics on the broker afterwards")
+
+
+def run_cli(main_async: Callable[[argparse.Namespace], Awaitable[int]], parser: argparse.ArgumentParser) -> int:
+    """Run a benchmark; a signal stops it cleanly (stop_on_signals) and says so."""
+    args = parser.parse_args()
+    try:
+        return asyncio.run(main_async(args))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        kept = "kept (--keep-topics)" if getattr(args, "keep_topics", False) else "deleted"
+        print(f"interrupted by a signal: services stopped, this run's topics {kept}, no result written",
+              file=sys.stderr)
+        return 130
