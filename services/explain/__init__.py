@@ -80,6 +80,7 @@ class Holder:
     reserved_at: str
     running: bool
     same_cluster_queue: bool
+    borrowing: bool = False  # its reservation used quota beyond its ClusterQueue's nominal
 
     @property
     def gpu_milli(self) -> int:
@@ -305,7 +306,8 @@ def quota_holders(
         in_cohort = cohort is not None and (p.cohort == cohort or cohort_of_cq.get(p.cluster_queue) == cohort)
         if not (same or in_cohort):
             continue
-        out.append(Holder(f"{p.namespace}/{p.name}", uid, p.cluster_queue, p.usage, p.reserved_at, uid in running, same))
+        out.append(Holder(f"{p.namespace}/{p.name}", uid, p.cluster_queue, p.usage, p.reserved_at, uid in running, same,
+                          bool(p.borrowing)))
     out.sort(key=lambda h: (not h.same_cluster_queue, -h.gpu_milli, h.reserved_at, h.workload))
     return out
 
@@ -350,7 +352,10 @@ def _holders_text(holders: Sequence[Holder], limit: int = 5) -> str:
     parts = []
     for h in holders[:limit]:
         state = "running" if h.running else "reserved, NOT running"
-        where = "" if h.same_cluster_queue else f" (borrowed, {h.cluster_queue})"
+        # Another ClusterQueue of the cohort holds nominal quota of its own unless it borrowed.
+        where = " (borrowing from the cohort)" if h.borrowing else ""
+        if not h.same_cluster_queue:
+            where = f" (in {h.cluster_queue}{', borrowing from the cohort' if h.borrowing else ''})"
         parts.append(f"{h.workload} {format_milli(h.gpu_milli, GPU)} GPU on {_flavors(h.usage)} since {h.reserved_at}, "
                      f"{state}{where}")
     more = f"; and {len(holders) - limit} more" if len(holders) > limit else ""

@@ -59,11 +59,11 @@ def pending(reason: str, message: str, cq: str | None = "gpu-queue", second=2):
                second, "queue-manager")
 
 
-def reserved(*, uid=UID, name=NAME, ns=NS, gpus=16, second=3, cq="gpu-queue"):
+def reserved(*, uid=UID, name=NAME, ns=NS, gpus=16, second=3, cq="gpu-queue", borrowing=False):
     usage = {"a100-flavor": {GPU: gpus * 1000}}
     return env(WorkloadQuotaReserved(uid=uid, namespace=ns, name=name, cluster_queue=cq, cohort="ai",
                                      flavors={"main": {GPU: "a100-flavor"}}, counts={"main": 1}, usage=usage,
-                                     reserved_at=at(second)), second, "queue-manager")
+                                     reserved_at=at(second), borrowing=borrowing), second, "queue-manager")
 
 
 def running(*, uid=UID, name=NAME, ns=NS, second=5):
@@ -170,6 +170,17 @@ def test_holders_include_cohort_borrowers_after_own_queue():
     trail = [reserved(uid="u-1", name="mine", gpus=4), reserved(uid="u-2", name="theirs", gpus=12, cq="other-queue")]
     holders = quota_holders(trail, cluster_queue="gpu-queue")
     assert [(h.workload, h.same_cluster_queue) for h in holders] == [("ml-team/mine", True), ("ml-team/theirs", False)]
+
+
+def test_a_holder_in_another_queue_is_called_a_borrower_only_when_it_borrowed():
+    trail = [*other_holders(), submitted(), validated(),
+             pending("Pending", "insufficient unused quota for nvidia.com/gpu in flavor a100-flavor, 8 more needed"),
+             reserved(uid="u-2", name="own-quota", gpus=8, cq="other-queue", second=4),
+             reserved(uid="u-3", name="borrower", gpus=8, cq="other-queue", second=5, borrowing=True)]
+    answer = explain(f"{NS}/{NAME}", trail).answer
+    assert "ml-team/own-quota 8 GPU on a100-flavor since 2026-11-29T10:00:04Z, reserved, NOT running (in other-queue)" \
+        in answer
+    assert "(in other-queue, borrowing from the cohort)" in answer
 
 
 def test_billing_rows_are_summed_once_per_row():
