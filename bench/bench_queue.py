@@ -52,6 +52,7 @@ from pathlib import Path
 import orjson
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -153,6 +154,24 @@ class Worker:
                 return time.monotonic() - start
             await asyncio.sleep(0.2)
         raise TimeoutError(f"worker not ready in {timeout_s}s:\n{self.log_path.read_text()[-3000:]}")
+
+    def counters(self) -> dict[str, float]:
+        """The runtime's own counters (events read, duplicates skipped, rewinds, refetches):
+        they say how much of the worker's time went to events that decided nothing."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as response:
+                text = response.read().decode()
+        except OSError:
+            return {}
+        totals: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if not (sample.name.startswith("qm_") and sample.name.endswith("_total")):
+                    continue
+                topic = sample.labels.get("topic", "")
+                key = f"{sample.name}[{topic.rsplit('.', 1)[-1]}]" if topic else sample.name
+                totals[key] = totals.get(key, 0) + sample.value
+        return totals
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -271,6 +290,7 @@ async def throughput(bootstrap: str, tmp: Path, name: str, args) -> dict:
         ready_s = await worker.wait_ready()
         ready_ms = int(time.time() * 1000)
         complete = await trail.wait_decisions(n, timeout_s=args.timeout)
+        counters = await asyncio.to_thread(worker.counters)
     finally:
         worker.stop()
         await trail.stop()
@@ -298,7 +318,10 @@ async def throughput(bootstrap: str, tmp: Path, name: str, args) -> dict:
         "decisions_per_s_from_ready": round(overall, 1) if overall else None,
         "per_second_min_median_max": [full[0], full[len(full) // 2], full[-1]] if full else None,
         "drain_s": round((ts[-1] - ts[0]) / 1000, 2) if ts else None,
+        "worker_counters": counters,
     }
+    if not complete:  # why it stopped deciding (the temporary directory is removed at exit)
+        result["worker_log_tail"] = (tmp / name / "worker.log").read_text(errors="replace")[-3000:]
     if prof is not None:
         result["profile_top"] = _profile_summary(prof)
     return result
@@ -485,6 +508,8 @@ def main() -> int:
                 print(f"| ({r['note']}) |||||||||| ")
         print()
     for r in results:
+        if "worker_log_tail" in r:
+            print(f"---- {r['scenario']} incomplete; end of the worker's log ----\n{r['worker_log_tail']}")
         if "profile_top" in r:
             print(f"---- cProfile of the {r['scenario']} worker ----")
             print("\n".join(r["profile_top"][:80]))

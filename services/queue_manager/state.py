@@ -102,7 +102,7 @@ def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, l
     state["now"] = max(state["now"], epoch(envelope.occurred_at))
     only: list[str] | None = None  # None: every pending workload of the cohort may now fit
     outputs: list[Output] = []
-    emit = _Emitter(envelope, outputs, state["now"])
+    emit = _Emitter(envelope, outputs, state["now"], ctx)
 
     if isinstance(payload, WorkloadValidated):
         if payload.uid in state["admitted"] or payload.uid in state["pending"]:
@@ -142,11 +142,11 @@ def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, l
         entry = state["admitted"].get(payload.uid)
         if entry is None or entry["running_at"] is not None:
             return state, outputs
-        entry["running_at"] = epoch(payload.started_at)
+        _mark_running(state, ctx, entry, epoch(payload.started_at))
         emit.usage(state, {entry["namespace"]})
         return state, outputs
     elif isinstance(payload, WorkloadFinished):
-        entry = state["admitted"].pop(payload.uid, None)
+        entry = _unadmit(state, ctx, payload.uid)
         state["pending"].pop(payload.uid, None)
         state["said"].pop(payload.uid, None)
         state.get("blocked", {}).pop(payload.uid, None)
@@ -259,7 +259,7 @@ def _expire_idle_reservations(state: dict, ctx: Context, emit: _Emitter) -> bool
     for uid, entry in sorted(state["admitted"].items()):
         if entry["running_at"] is not None or now - entry["reserved_at"] < ctx.pods_ready_timeout_s:
             continue
-        del state["admitted"][uid]
+        _unadmit(state, ctx, uid)
         touched.add(entry["namespace"])
         expiries = state["expiries"].get(uid, 0) + 1
         state["expiries"][uid] = expiries
@@ -345,7 +345,7 @@ def _clean_up_zombies(state: dict, ctx: Context, emit: _Emitter) -> bool:
         gone = entry.get("pods_gone_at")
         if gone is None or now - gone < ctx.zombie_ttl_s:
             continue
-        del state["admitted"][uid]
+        _unadmit(state, ctx, uid)
         touched.add(entry["namespace"])
         emit.released(entry, "ZombieTTLExpired", gone + ctx.zombie_ttl_s)
         emit.add("qm.actions", uid, ActionCleanup(
@@ -380,7 +380,7 @@ def _apply_preemption(state: dict, answer: PreemptionVictimsSelected, ctx: Conte
     now = state["now"]
     touched = set()
     for victim in answer.victims:
-        entry = state["admitted"].pop(victim["uid"], None)
+        entry = _unadmit(state, ctx, victim["uid"])
         if entry is None:
             continue
         touched.add(entry["namespace"])
@@ -419,34 +419,126 @@ def _core_workload(w: dict) -> CoreWorkload:
     )
 
 
-# Memo tables of pure functions (same input, same output), so a deep cohort does not pay for
-# converting every admitted workload and rebuilding its quota tree on every event. The core's
-# drain copies the snapshot it is given, so sharing one is safe.
-_ADMITTED_MEMO: dict[int, tuple[tuple, AdmittedWorkload]] = {}
 _COHORT_OBJECTS: dict[tuple[int, str], Objects] = {}
-_SNAPSHOT_MEMO: dict[tuple, Any] = {}
 
 
-def _snapshot_for(ctx: Context, state: dict) -> Any:
-    """The cohort's quota tree with its admitted usage. With a cache key (the shell passes the
-    table key) the last tree is kept and brought up to date by adding and removing only what
-    changed since, instead of being rebuilt from every admitted workload on every event."""
-    admitted = {id(a): a for a in map(_admitted_for_snapshot, state["admitted"].values())}
-    cached = _SNAPSHOT_MEMO.get(ctx.cache_key) if ctx.cache_key is not None else None
-    if cached is None or cached[0] is not ctx.objects:
-        objects = _cohort_objects(ctx.objects, ctx.cache_key) if ctx.cache_key is not None else ctx.objects
-        snapshot = build_snapshot(objects, list(admitted.values()))
-    else:
-        _, held, snapshot = cached
-        for gone in held.keys() - admitted.keys():
-            snapshot.remove_workload(held[gone].key)
-        for new in admitted.keys() - held.keys():
-            snapshot.add_workload(admitted[new])
-    if ctx.cache_key is not None:
-        if len(_SNAPSHOT_MEMO) > 4096:
-            _SNAPSHOT_MEMO.clear()
-        _SNAPSHOT_MEMO[ctx.cache_key] = (ctx.objects, admitted, snapshot)
-    return snapshot
+@dataclass
+class _CohortIndex:
+    """What the fold would otherwise recompute from every admitted workload on every event:
+    the cohort's quota tree with its usage, the admitted workloads per namespace, the GPUs
+    placed per node. Process memory, kept in step by `_admit` / `_unadmit` (the only writers
+    of state["admitted"]) and trusted only for the very dict it mirrors, at the size it saw:
+    anything else (a restart, a config change, a fold that failed half-way) rebuilds it."""
+
+    objects: Objects
+    admitted: dict
+    count: int
+    snapshot: Any
+    by_namespace: dict[str, dict[str, dict]]
+    node_used: dict[str, int]
+    usage: dict[str, _UsageTotals]  # namespace -> its reserved and running sums
+
+    @classmethod
+    def build(cls, objects: Objects, admitted: dict) -> _CohortIndex:
+        index = cls(objects, admitted, 0, build_snapshot(objects, []), {}, {}, {})
+        for entry in admitted.values():
+            index.add(entry)
+        return index
+
+    def fits(self, objects: Objects, admitted: dict) -> bool:
+        return self.objects is objects and self.mirrors(admitted)
+
+    def mirrors(self, admitted: dict) -> bool:
+        return self.admitted is admitted and self.count == len(admitted)
+
+    def add(self, entry: dict) -> None:
+        workload = _convert_admitted(entry)
+        if workload.key in self.snapshot.workloads:
+            raise ValueError(f"{workload.key} is admitted twice (uids {entry['uid']} and "
+                             f"{self.snapshot.workloads[workload.key].uid})")
+        self.snapshot.add_workload(workload)
+        self.by_namespace.setdefault(entry["namespace"], {})[entry["uid"]] = entry
+        self.usage.setdefault(entry["namespace"], _UsageTotals()).change(entry, +1)
+        for node, gpu in entry.get("placement") or []:
+            self.node_used[node] = self.node_used.get(node, 0) + gpu
+        self.count += 1
+
+    def remove(self, entry: dict) -> None:
+        key = f"{entry['namespace']}/{entry['name']}"
+        if key in self.snapshot.workloads:  # (one in an unknown ClusterQueue never counted)
+            self.snapshot.remove_workload(key)
+        self.by_namespace.get(entry["namespace"], {}).pop(entry["uid"], None)
+        self.usage[entry["namespace"]].change(entry, -1)
+        for node, gpu in entry.get("placement") or []:
+            self.node_used[node] = self.node_used.get(node, 0) - gpu
+        self.count -= 1
+
+
+_INDEXES: dict[str | None, _CohortIndex] = {}  # by cache key (None: the last one built without)
+
+
+def _index(ctx: Context, state: dict) -> _CohortIndex:
+    """The cohort's index, rebuilt when it does not mirror this state; without a cache key (a
+    fold over events in a test or a tool) a fresh one each time it is asked for."""
+    objects = _cohort_objects(ctx.objects, ctx.cache_key) if ctx.cache_key is not None else ctx.objects
+    index = _INDEXES.get(ctx.cache_key)
+    if ctx.cache_key is None or index is None or not index.fits(objects, state["admitted"]):
+        if len(_INDEXES) > 4096:
+            _INDEXES.clear()
+        index = _INDEXES[ctx.cache_key] = _CohortIndex.build(objects, state["admitted"])
+    return index
+
+
+def _admit(state: dict, ctx: Context, entry: dict) -> None:
+    index = _INDEXES.get(ctx.cache_key)
+    in_step = index is not None and index.mirrors(state["admitted"])
+    state["admitted"][entry["uid"]] = entry
+    state["rev"] = state.get("rev", 0) + 1
+    if in_step:
+        index.add(entry)
+
+
+def _unadmit(state: dict, ctx: Context, uid: str) -> dict | None:
+    index = _INDEXES.get(ctx.cache_key)
+    in_step = index is not None and index.mirrors(state["admitted"])
+    entry = state["admitted"].pop(uid, None)
+    if entry is None:
+        return None
+    state["rev"] = state.get("rev", 0) + 1
+    if in_step:
+        index.remove(entry)
+    return entry
+
+
+def _mark_running(state: dict, ctx: Context, entry: dict, at: float) -> None:
+    """Its GPUs move from reserved to running in the namespace's sums."""
+    index = _INDEXES.get(ctx.cache_key)
+    totals = index.usage.get(entry["namespace"]) if index is not None and index.mirrors(state["admitted"]) else None
+    if totals is not None:
+        totals.change(entry, -1)
+    entry["running_at"] = at
+    if totals is not None:
+        totals.change(entry, +1)
+
+
+def _in_step(state: dict, ctx: Context) -> _CohortIndex | None:
+    """The index when it mirrors this state (whatever config it was built for)."""
+    index = _INDEXES.get(ctx.cache_key)
+    return index if index is not None and index.mirrors(state["admitted"]) else None
+
+
+def _namespace_entries(state: dict, ctx: Context, namespace: str) -> Iterable[dict]:
+    index = _in_step(state, ctx)
+    if index is not None:
+        return index.by_namespace.get(namespace, {}).values()
+    return [e for e in state["admitted"].values() if e["namespace"] == namespace]
+
+
+def _namespace_usage(state: dict, ctx: Context, namespace: str) -> tuple[dict, dict, dict]:
+    index = _in_step(state, ctx)
+    if index is not None:
+        return index.usage.get(namespace, _UsageTotals()).view()
+    return namespace_usage(state["admitted"].values(), namespace)
 
 
 def _cohort_objects(objects: Objects, key: str) -> Objects:
@@ -470,20 +562,6 @@ def _root(objects: Objects, cohort: str) -> str:
     while cohort in objects.cohorts and objects.cohorts[cohort].parent is not None:
         cohort = objects.cohorts[cohort].parent
     return cohort
-
-
-def _admitted_for_snapshot(entry: dict) -> AdmittedWorkload:
-    # Entries live in the table as the same dict between events; an id is only trusted with
-    # the identity it was made for (a reused id of another entry fails the check).
-    identity = (entry["uid"], entry["reserved_at"], entry["cluster_queue"])
-    memo = _ADMITTED_MEMO.get(id(entry))
-    if memo is not None and memo[0] == identity:
-        return memo[1]
-    if len(_ADMITTED_MEMO) > 200_000:
-        _ADMITTED_MEMO.clear()
-    admitted = _convert_admitted(entry)
-    _ADMITTED_MEMO[id(entry)] = (identity, admitted)
-    return admitted
 
 
 def _convert_admitted(entry: dict) -> AdmittedWorkload:
@@ -521,7 +599,8 @@ def _drain(state: dict, ctx: Context, emit: _Emitter, only: list[str] | None = N
     eligible = [w for w in candidates if w["eligible_at"] <= now]
     if not eligible:
         return
-    snapshot = _snapshot_for(ctx, state)
+    index = _index(ctx, state)
+    snapshot = index.snapshot
     by_key = {f"{w['namespace']}/{w['name']}": w for w in eligible}
     result = drain(snapshot, [_core_workload(w) for w in eligible], now)
     touched = set()
@@ -531,7 +610,7 @@ def _drain(state: dict, ctx: Context, emit: _Emitter, only: list[str] | None = N
         if decision.status == WorkloadStatus.ADMITTED:
             flavors = {ps: dict(res) for ps, res in decision.flavors.items()}
             counts = dict(decision.counts)
-            placement, no_fit = _place(state, workload, flavors, counts)
+            placement, no_fit = _place(state, index.node_used, workload, flavors, counts)
             if no_fit:
                 _say_pending(state, emit, workload, snapshot.root_name(decision.cluster_queue),
                              decision.cluster_queue, "NoFit", no_fit)
@@ -553,13 +632,13 @@ def _drain(state: dict, ctx: Context, emit: _Emitter, only: list[str] | None = N
             del state["pending"][uid]
             state["said"].pop(uid, None)
             state.get("blocked", {}).pop(uid, None)
-            state["admitted"][uid] = entry
+            _admit(state, ctx, entry)
             touched.add(workload["namespace"])
             emit.reserved(entry, borrowing=decision.borrowing > 0)
             emit.admit_action(entry, ctx)
         elif decision.status == WorkloadStatus.PREEMPTING:
             # Ask again only when the cohort's admitted set changed since the last question.
-            said = "preempting|" + ",".join(sorted(state["admitted"]))
+            said = f"preempting|{state.get('rev', 0)}"
             if state["said"].get(uid) == said:
                 continue  # already asked; the preemption service answers once
             state["said"][uid] = said
@@ -586,7 +665,7 @@ def _say_pending(state: dict, emit: _Emitter, workload: dict, key: str, cluster_
              identity=(uid, said, len(state["admitted"])))
 
 
-def _place(state: dict, workload: dict, flavors: dict, counts: dict) -> tuple[list, str]:
+def _place(state: dict, node_used: dict[str, int], workload: dict, flavors: dict, counts: dict) -> tuple[list, str]:
     """Quota is not capacity: place every pod on a node of its flavor with enough free GPUs
     (largest free first). Nodes come from node.capacity events; what this cohort already
     placed counts as used. Flavors without known nodes are not checked.
@@ -594,11 +673,7 @@ def _place(state: dict, workload: dict, flavors: dict, counts: dict) -> tuple[li
     nodes = state.get("nodes") or {}
     if not nodes:
         return [], ""
-    free = {name: n["gpu"] for name, n in nodes.items()}
-    for entry in state["admitted"].values():
-        for node, gpu in entry.get("placement") or []:
-            if node in free:
-                free[node] -= gpu
+    free = {name: n["gpu"] - node_used.get(name, 0) for name, n in nodes.items()}
     placement = []
     for ps in workload["pod_sets"]:
         per_pod = ps["requests"].get(GPU, 0)
@@ -615,13 +690,13 @@ def _place(state: dict, workload: dict, flavors: dict, counts: dict) -> tuple[li
     return placement, ""
 
 
-def _namespace_limits(state: dict, namespace: str) -> dict | None:
+def _namespace_limits(state: dict, ctx: Context, namespace: str) -> dict | None:
     """The rule-set borrowingLimits of the ClusterQueues this namespace holds quota in
     (cq -> flavor -> resource -> milli), published with its usage; None without any."""
     limits = state.get("limits")
     if not limits:
         return None
-    queues = {e["cluster_queue"] for e in state["admitted"].values() if e["namespace"] == namespace}
+    queues = {e["cluster_queue"] for e in _namespace_entries(state, ctx, namespace)}
     out: dict[str, dict[str, dict[str, int]]] = {}
     for stored, milli in sorted(limits.items()):
         cq, flavor, resource = stored.split("|", 2)
@@ -633,27 +708,48 @@ def _namespace_limits(state: dict, namespace: str) -> dict | None:
 def namespace_usage(admitted: Iterable[dict], namespace: str) -> tuple[dict, dict, dict]:
     """(reserved, running, total) of one namespace's admitted workloads: flavor -> resource -> milli
     for reserved (pods not yet running) and running, resource -> milli for the total."""
-    reserved: dict[str, dict[str, int]] = {}
-    running: dict[str, dict[str, int]] = {}
-    total: dict[str, int] = {}
+    totals = _UsageTotals()
     for entry in admitted:
-        if entry["namespace"] != namespace:
-            continue
-        target = running if entry["running_at"] is not None else reserved
+        if entry["namespace"] == namespace:
+            totals.change(entry, +1)
+    return totals.view()
+
+
+class _UsageTotals:
+    """One namespace's admitted usage summed by (reserved|running, flavor, resource), with how
+    many workloads make up each figure: a figure no workload holds any more disappears, so the
+    running sums read exactly as a scan of the workloads would."""
+
+    def __init__(self) -> None:
+        self.figures: dict[tuple[str, str, str], list[int]] = {}  # -> [milli, workloads]
+
+    def change(self, entry: dict, sign: int) -> None:
+        kind = "running" if entry["running_at"] is not None else "reserved"
         for flavor, by_res in entry["usage"].items():
             for resource, amount in by_res.items():
-                target.setdefault(flavor, {})[resource] = target.get(flavor, {}).get(resource, 0) + amount
-                total[resource] = total.get(resource, 0) + amount
-    return reserved, running, total
+                figure = self.figures.setdefault((kind, flavor, resource), [0, 0])
+                figure[0] += sign * amount
+                figure[1] += sign
+                if figure[1] == 0:
+                    del self.figures[(kind, flavor, resource)]
+
+    def view(self) -> tuple[dict, dict, dict]:
+        out: dict[str, dict[str, dict[str, int]]] = {"reserved": {}, "running": {}}
+        total: dict[str, int] = {}
+        for (kind, flavor, resource), (milli, _) in sorted(self.figures.items()):
+            out[kind].setdefault(flavor, {})[resource] = milli
+            total[resource] = total.get(resource, 0) + milli
+        return out["reserved"], out["running"], dict(sorted(total.items()))
 
 
 class _Emitter:
     """Builds output envelopes caused by one input event, with deterministic ids."""
 
-    def __init__(self, cause: Envelope, outputs: list[Output], now: float) -> None:
+    def __init__(self, cause: Envelope, outputs: list[Output], now: float, ctx: Context) -> None:
         self.cause = cause
         self.outputs = outputs
         self.now = now
+        self.ctx = ctx
 
     def add(self, topic: str, key: str, payload: Any, identity: tuple) -> None:
         envelope = make_envelope(
@@ -744,8 +840,8 @@ class _Emitter:
     def usage(self, state: dict, namespaces: set[str]) -> None:
         """Per-namespace usage in this cohort, reserved (not yet running) and running, by flavor."""
         for namespace in sorted(namespaces):
-            reserved, running, total = namespace_usage(state["admitted"].values(), namespace)
-            limits = _namespace_limits(state, namespace)
+            reserved, running, total = _namespace_usage(state, self.ctx, namespace)
+            limits = _namespace_limits(state, self.ctx, namespace)
             digest = repr((sorted(reserved.items()), sorted(running.items()), limits))
             self.add(
                 "qm.usage",
