@@ -74,6 +74,7 @@ context = fold.Context(
     backoff_max_s=float(os.environ.get("QM_BACKOFF_MAX_S", 3600)),
     max_expiries=int(os.environ.get("QM_MAX_EXPIRIES", 3)),
     zombie_ttl_s=float(os.environ.get("QM_ZOMBIE_TTL_S", 600)),
+    preemption_answer_timeout_s=float(os.environ.get("QM_PREEMPTION_ANSWER_TIMEOUT_S", 60)),
     node_labels=config.node_labels(),
     quota_rules=quota_rules,
 )

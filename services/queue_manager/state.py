@@ -72,6 +72,7 @@ class Context:
     backoff_max_s: float = 3600.0
     max_expiries: int = 3  # then the workload is deactivated
     zombie_ttl_s: float = 600.0
+    preemption_answer_timeout_s: float = 60.0  # a question unanswered this long (event time) is asked anew
     # pods all gone without a finish: released and cleaned up after zombie_ttl_s
     cache_key: str | None = None  # the table key (the cohort): the shell keeps this cohort's quota tree by it
     node_labels: dict[str, dict[str, str]] = field(default_factory=dict)  # flavor -> node labels
@@ -361,6 +362,9 @@ def _apply_preemption(state: dict, answer: PreemptionVictimsSelected, ctx: Conte
     """The preemption service chose victims (or found none allowed). Victims give their quota
     back and requeue with backoff; the preemptor is admitted first in this same step, so the
     freed quota is held for it and no third workload can take it. Returns False if moot."""
+    asking = state.get("asking", {})
+    for cq in [cq for cq, question in asking.items() if question["uid"] == answer.preemptor_uid]:
+        del asking[cq]  # answered: the queue's next preemptor may ask
     preemptor = state["pending"].get(answer.preemptor_uid)
     if preemptor is None:
         return False  # admitted or gone meanwhile: evicting anyone now would be waste
@@ -398,7 +402,23 @@ def _apply_preemption(state: dict, answer: PreemptionVictimsSelected, ctx: Conte
     return True
 
 
+_CORE_WORKLOADS: dict[str, tuple[dict, CoreWorkload]] = {}
+
+
 def _core_workload(w: dict) -> CoreWorkload:
+    """The core's view of a pending workload. Made once per pending entry (what it reads does
+    not change while the workload waits): a deep queue is handed to the drain on every release."""
+    memo = _CORE_WORKLOADS.get(w["uid"])
+    if memo is not None and memo[0] is w:
+        return memo[1]
+    if len(_CORE_WORKLOADS) > 200_000:  # (entries leave on admission; this bounds the withdrawn)
+        _CORE_WORKLOADS.clear()
+    core = _convert_pending(w)
+    _CORE_WORKLOADS[w["uid"]] = (w, core)
+    return core
+
+
+def _convert_pending(w: dict) -> CoreWorkload:
     return CoreWorkload(
         namespace=w["namespace"],
         name=w["name"],
@@ -494,6 +514,7 @@ def _admit(state: dict, ctx: Context, entry: dict) -> None:
     in_step = index is not None and index.mirrors(state["admitted"])
     state["admitted"][entry["uid"]] = entry
     state["rev"] = state.get("rev", 0) + 1
+    _CORE_WORKLOADS.pop(entry["uid"], None)
     if in_step:
         index.add(entry)
 
@@ -637,11 +658,20 @@ def _drain(state: dict, ctx: Context, emit: _Emitter, only: list[str] | None = N
             emit.reserved(entry, borrowing=decision.borrowing > 0)
             emit.admit_action(entry, ctx)
         elif decision.status == WorkloadStatus.PREEMPTING:
+            # One question per ClusterQueue in flight (Kueue nominates one head per queue and
+            # cycle): asking for every waiting preemptor after every admission or finish made
+            # a storm of questions, each carrying the cohort's whole admitted set.
+            asking = state.setdefault("asking", {})
+            current = asking.get(decision.cluster_queue)
+            if current is not None and current["uid"] in state["pending"] \
+                    and now - current["at"] < ctx.preemption_answer_timeout_s:
+                continue  # answered first; then this one may ask (or be admitted meanwhile)
             # Ask again only when the cohort's admitted set changed since the last question.
             said = f"preempting|{state.get('rev', 0)}"
             if state["said"].get(uid) == said:
                 continue  # already asked; the preemption service answers once
             state["said"][uid] = said
+            asking[decision.cluster_queue] = {"uid": uid, "at": now}
             emit.preemption_needed(state, workload, decision, snapshot.root_name(decision.cluster_queue))
         else:
             key = snapshot.root_name(decision.cluster_queue) if decision.cluster_queue else workload["cluster_queue"]

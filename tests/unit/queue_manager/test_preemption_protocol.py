@@ -7,7 +7,7 @@ import yaml
 
 from services.adapters.kueue_config import KueueConfig
 from services.contracts.codec import make_envelope
-from services.contracts.events import PreemptionVictimsSelected, WorkloadValidated
+from services.contracts.events import PreemptionVictimsSelected, WorkloadFinished, WorkloadValidated
 from services.queue_manager.state import Context, apply
 
 AT = "2026-11-29T10:00:00Z"
@@ -82,3 +82,58 @@ def test_blocked_answer_leaves_the_preemptor_pending_with_the_policy_message(tmp
     pending = [o.envelope.payload for o in out if o.envelope.event_type == "workload.pending.v1"]
     assert [(p.reason, p.message) for p in pending] == [("PreemptionBlocked", message)]
     assert "uid-train" in state["admitted"] and "uid-chat" in state["pending"]
+
+
+def test_one_question_per_cluster_queue_is_in_flight_at_a_time(tmp_path):
+    ctx = config(tmp_path)
+    state, _ = run(ctx, [validated(f"batch-{i}", 8, 0, "batch") for i in range(4)])  # 32 of 32 GPUs held
+    state, out = run(ctx, [validated("chat-1", 8, 1000, "inference", at="2026-11-29T10:01:00Z"),
+                           validated("chat-2", 8, 1000, "inference", at="2026-11-29T10:01:01Z")], state)
+    asked = [o.envelope.payload.preemptor["name"] for o in out if o.envelope.event_type == "preemption.needed.v1"]
+    assert asked == ["chat-1"]  # chat-2 waits for chat-1's answer instead of asking too
+
+    finished = make_envelope(WorkloadFinished(uid="uid-batch-3", namespace="ml-team", name="batch-3", succeeded=True,
+                                              finished_at="2026-11-29T10:01:10Z"),
+                             producer="test", occurred_at="2026-11-29T10:01:10Z")
+    state, out = run(ctx, [finished], state)  # freed 8 GPUs: chat-1 is admitted, no new question yet
+    assert [o.envelope.payload.name for o in out if o.envelope.event_type == "workload.quota_reserved.v1"] == ["chat-1"]
+
+    state, out = run(ctx, [validated("tick-ish", 1, 0, "batch", at="2026-11-29T10:01:20Z")], state)
+    assert not any(o.envelope.event_type == "preemption.needed.v1" for o in out)  # chat-2 waits its turn
+    answer = make_envelope(PreemptionVictimsSelected(preemptor_uid="uid-chat-1", cohort="gpu-queue", victims=[]),
+                           producer="preemption", occurred_at="2026-11-29T10:01:30Z")
+    state, out = run(ctx, [answer, finished], state)  # chat-1's (now moot) answer frees the queue's turn
+    again = make_envelope(WorkloadFinished(uid="uid-batch-2", namespace="ml-team", name="batch-2", succeeded=False,
+                                           finished_at="2026-11-29T10:01:40Z"),
+                          producer="test", occurred_at="2026-11-29T10:01:40Z")
+    state, out = run(ctx, [again], state)
+    assert [o.envelope.payload.name for o in out if o.envelope.event_type == "workload.quota_reserved.v1"] == ["chat-2"]
+
+
+def test_an_unanswered_question_is_asked_anew_after_the_timeout(tmp_path):
+    ctx = config(tmp_path)
+    state, _ = run(ctx, [validated(f"batch-{i}", 8, 0, "batch") for i in range(4)])
+    state, out = run(ctx, [validated("chat-1", 16, 1000, "inference", at="2026-11-29T10:01:00Z")], state)
+    assert len([o for o in out if o.envelope.event_type == "preemption.needed.v1"]) == 1
+
+    def finish(name, at):
+        return make_envelope(WorkloadFinished(uid=f"uid-{name}", namespace="ml-team", name=name, succeeded=True,
+                                              finished_at=at), producer="test", occurred_at=at)
+
+    state, out = run(ctx, [finish("batch-3", "2026-11-29T10:01:30Z")], state)  # 8 free, 16 needed
+    assert not [o for o in out if o.envelope.event_type == "preemption.needed.v1"]  # still waiting for the answer
+    state, out = run(ctx, [finish("batch-2", "2026-11-29T10:02:30Z")], state)  # 90 s later: no answer came
+    # 16 free now: chat-1 is simply admitted; the stale question is forgotten with it
+    assert [o.envelope.payload.name for o in out if o.envelope.event_type == "workload.quota_reserved.v1"] == ["chat-1"]
+
+
+def test_a_question_left_unanswered_past_the_timeout_does_not_block_the_queue(tmp_path):
+    ctx = config(tmp_path)
+    state, _ = run(ctx, [validated(f"batch-{i}", 8, 0, "batch") for i in range(4)])
+    state, _ = run(ctx, [validated("chat-1", 32, 1000, "inference", at="2026-11-29T10:01:00Z")], state)
+    finished = make_envelope(WorkloadFinished(uid="uid-batch-3", namespace="ml-team", name="batch-3", succeeded=True,
+                                              finished_at="2026-11-29T10:03:00Z"),
+                             producer="test", occurred_at="2026-11-29T10:03:00Z")
+    state, out = run(ctx, [finished], state)  # 2 minutes on, the admitted set changed: chat-1 asks again
+    asked = [o.envelope.payload.preemptor["name"] for o in out if o.envelope.event_type == "preemption.needed.v1"]
+    assert asked == ["chat-1"]
