@@ -16,6 +16,7 @@ JSON-able dict so it can live in a faust table:
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +57,7 @@ from services.core.quota import (
 from services.core.quota import Workload as CoreWorkload
 from services.core.quota.dynamic import with_borrowing_limits
 from services.core.quota.model import QueueingStrategy
+from services.core.quota.tree import available
 from services.policy import quota_rules
 
 PRODUCER = "queue-manager"
@@ -402,20 +404,27 @@ def _apply_preemption(state: dict, answer: PreemptionVictimsSelected, ctx: Conte
     return True
 
 
-_CORE_WORKLOADS: dict[str, tuple[dict, CoreWorkload]] = {}
+_CORE_WORKLOADS: dict[str, tuple[dict, CoreWorkload, tuple, tuple]] = {}
+
+
+def _pending_view(w: dict) -> tuple[dict, CoreWorkload, tuple, tuple]:
+    """(w, the core's view of it, its kind, its place in its kind) — made once per pending
+    entry (what they read does not change while it waits): a deep queue is looked at on every
+    release."""
+    memo = _CORE_WORKLOADS.get(w["uid"])
+    if memo is not None and memo[0] is w:
+        return memo
+    if len(_CORE_WORKLOADS) > 200_000:  # (entries leave on admission; this bounds the withdrawn)
+        _CORE_WORKLOADS.clear()
+    shape = tuple((ps["name"], ps.get("min_count") or ps["count"], tuple(sorted(ps["requests"].items())))
+                  for ps in w["pod_sets"])
+    memo = (w, _convert_pending(w), (w["cluster_queue"], w["priority"], shape), (w["created_at"], w["uid"]))
+    _CORE_WORKLOADS[w["uid"]] = memo
+    return memo
 
 
 def _core_workload(w: dict) -> CoreWorkload:
-    """The core's view of a pending workload. Made once per pending entry (what it reads does
-    not change while the workload waits): a deep queue is handed to the drain on every release."""
-    memo = _CORE_WORKLOADS.get(w["uid"])
-    if memo is not None and memo[0] is w:
-        return memo[1]
-    if len(_CORE_WORKLOADS) > 200_000:  # (entries leave on admission; this bounds the withdrawn)
-        _CORE_WORKLOADS.clear()
-    core = _convert_pending(w)
-    _CORE_WORKLOADS[w["uid"]] = (w, core)
-    return core
+    return _pending_view(w)[1]
 
 
 def _convert_pending(w: dict) -> CoreWorkload:
@@ -622,6 +631,8 @@ def _drain(state: dict, ctx: Context, emit: _Emitter, only: list[str] | None = N
         return
     index = _index(ctx, state)
     snapshot = index.snapshot
+    if only is None:
+        eligible = _worth_judging(snapshot, eligible)
     by_key = {f"{w['namespace']}/{w['name']}": w for w in eligible}
     result = drain(snapshot, [_core_workload(w) for w in eligible], now)
     touched = set()
@@ -679,6 +690,48 @@ def _drain(state: dict, ctx: Context, emit: _Emitter, only: list[str] | None = N
                          decision.message or str(decision.reason))
     if touched:
         emit.usage(state, touched)
+
+
+def _worth_judging(snapshot: Any, eligible: list[dict]) -> list[dict]:
+    """Of a deep queue, only the workloads that could get quota now, and one more of each kind.
+
+    Workloads of one ClusterQueue with the same priority and pod sets are judged alike, oldest
+    first. Nothing is freed during a drain, so of a kind no more can be admitted than fit in
+    what the queue may still use (its nominal quota left plus what it may borrow): judging the
+    rest would only repeat "pending" thousands of times per release. One more than fits is kept,
+    so the first that does not fit is still said Pending, or asks for preemption. Waiting
+    workloads left out keep their last Pending message until their turn comes."""
+    kinds: dict[tuple, list[tuple]] = {}
+    for w in eligible:
+        view = _pending_view(w)
+        kinds.setdefault(view[2], []).append(view)
+    if len(kinds) == len(eligible):
+        return eligible  # every workload is its own kind: nothing to leave out
+    kept = []
+    for (cq_name, _, shape), members in kinds.items():
+        cq = snapshot.cluster_queues.get(cq_name)
+        fit = _how_many_fit(cq, shape) if cq is not None else len(members)
+        chosen = members if fit + 1 >= len(members) else heapq.nsmallest(fit + 1, members, key=lambda v: v[3])
+        kept.extend(view[0] for view in chosen)
+    return kept
+
+
+def _how_many_fit(cq: Any, shape: tuple) -> int:
+    """An upper bound of how many workloads of `shape` the queue could admit now: per resource,
+    the most any of its flavors has available (borrowing included) over what one asks."""
+    need: dict[str, int] = {}
+    for _, count, requests in shape:
+        for resource, per_pod in requests:
+            need[resource] = need.get(resource, 0) + per_pod * count
+    fit = None
+    for resource, amount in need.items():
+        if amount <= 0:
+            continue
+        room = max((available(cq.node, (flavor.flavor, resource)) for group in cq.spec.resource_groups
+                    for flavor in group.flavors if resource in group.covered_resources), default=0)
+        n = max(0, room) // amount
+        fit = n if fit is None else min(fit, n)
+    return 1 << 30 if fit is None else fit
 
 
 def _say_pending(state: dict, emit: _Emitter, workload: dict, key: str, cluster_queue: str | None,

@@ -160,3 +160,18 @@ def test_quota_available_but_no_node_fits_is_a_distinct_reason():
         ("NoFit", "quota available, but no a100-flavor node has 4 free nvidia.com/gpu")]
     state, outputs = run([validated("two", 2)], state)  # a 2-GPU pod still fits on a node
     assert "uid-two" in state["admitted"]
+
+
+def test_a_release_judges_what_can_fit_and_one_more_not_the_whole_deep_queue():
+    state, _ = run([validated("big", 32)] + [validated(f"w{i:02d}", 8, at=f"2026-11-29T10:{i:02d}:00Z")
+                                             for i in range(1, 41)])
+    assert len(state["pending"]) == 40
+    finished = make_envelope(WorkloadFinished(uid="uid-big", namespace="ml-team", name="big", succeeded=True,
+                                              finished_at="2026-11-29T11:00:00Z"),
+                             producer="test", occurred_at="2026-11-29T11:00:00Z")
+    state, outputs = run([finished], state)
+    reserved = [o.envelope.payload.name for o in outputs if o.envelope.event_type == "workload.quota_reserved.v1"]
+    assert reserved == ["w01", "w02", "w03", "w04"]  # 32 GPUs free: the four oldest 8-GPU workloads
+    pending = [o.envelope.payload.name for o in outputs if o.envelope.event_type == "workload.pending.v1"]
+    assert pending == []  # w05 was judged (the one more) and its message did not change; w06.. not judged
+    assert len(state["pending"]) == 36
