@@ -15,8 +15,8 @@ JSON-able dict so it can live in a faust table:
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
-import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,7 +110,7 @@ def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, l
     if isinstance(payload, WorkloadValidated):
         if payload.uid in state["admitted"] or payload.uid in state["pending"]:
             return state, outputs  # re-validated after a resubmission: already known
-        state["pending"][payload.uid] = {
+        _enqueue(state, ctx, {
             "uid": payload.uid,
             "namespace": payload.namespace,
             "name": payload.name,
@@ -124,7 +124,7 @@ def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, l
             "created_at": payload.created_at,
             "eligible_at": 0.0,
             "attempts": 0,
-        }
+        })
         # An arrival frees no quota, so under BestEffortFIFO only the newcomer can newly fit;
         # under StrictFIFO it may have to queue behind its ClusterQueue's head.
         spec = ctx.objects.cluster_queues.get(payload.cluster_queue)
@@ -150,7 +150,7 @@ def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, l
         return state, outputs
     elif isinstance(payload, WorkloadFinished):
         entry = _unadmit(state, ctx, payload.uid)
-        state["pending"].pop(payload.uid, None)
+        _dequeue(state, ctx, payload.uid)
         state["said"].pop(payload.uid, None)
         state.get("blocked", {}).pop(payload.uid, None)
         state["expiries"].pop(payload.uid, None)
@@ -316,7 +316,7 @@ def _requeue(state: dict, ctx: Context, emit: _Emitter, entry: dict, reason: str
     backoff = min(ctx.backoff_base_s * 2 ** (attempt - 1), ctx.backoff_max_s)
     workload["eligible_at"] = at + backoff
     workload["attempts"] = attempt
-    state["pending"][entry["uid"]] = workload
+    _enqueue(state, ctx, workload)
     emit.add("qm.workloads", entry["cohort_key"], WorkloadRequeued(
         uid=entry["uid"], namespace=entry["namespace"], name=entry["name"], cluster_queue=entry["cluster_queue"],
         reason=reason, requeue_at=iso(workload["eligible_at"]), backoff_s=int(backoff), attempt=attempt),
@@ -625,14 +625,17 @@ def _usage_by_flavor(workload: dict, flavors: dict, counts: dict) -> dict[str, d
 def _drain(state: dict, ctx: Context, emit: _Emitter, only: list[str] | None = None) -> None:
     """Admit everything that now fits, in Kueue's order (the core's drain mode)."""
     now = state["now"]
-    candidates = [state["pending"][u] for u in only if u in state["pending"]] if only else state["pending"].values()
-    eligible = [w for w in candidates if w["eligible_at"] <= now]
-    if not eligible:
-        return
     index = _index(ctx, state)
     snapshot = index.snapshot
     if only is None:
-        eligible = _worth_judging(snapshot, eligible)
+        eligible = _worth_judging(snapshot, _pending_index(ctx, state), state["pending"], now)
+    else:
+        eligible = [state["pending"][u] for u in only if u in state["pending"] and state["pending"][u]["eligible_at"] <= now]
+    if not eligible:
+        return
+    # Decisions are carried out in this order (node placement takes GPUs first come, first
+    # served), so make it Kueue's queue order, not the order the workloads were looked up in.
+    eligible.sort(key=lambda w: (-w["priority"], _pending_view(w)[3]))
     by_key = {f"{w['namespace']}/{w['name']}": w for w in eligible}
     result = drain(snapshot, [_core_workload(w) for w in eligible], now)
     touched = set()
@@ -661,7 +664,7 @@ def _drain(state: dict, ctx: Context, emit: _Emitter, only: list[str] | None = N
                 "placement": placement,
                 "workload": workload,
             }
-            del state["pending"][uid]
+            _dequeue(state, ctx, uid)
             state["said"].pop(uid, None)
             state.get("blocked", {}).pop(uid, None)
             _admit(state, ctx, entry)
@@ -692,7 +695,7 @@ def _drain(state: dict, ctx: Context, emit: _Emitter, only: list[str] | None = N
         emit.usage(state, touched)
 
 
-def _worth_judging(snapshot: Any, eligible: list[dict]) -> list[dict]:
+def _worth_judging(snapshot: Any, pending_index: _PendingIndex, pending: dict, now: float) -> list[dict]:
     """Of a deep queue, only the workloads that could get quota now, and one more of each kind.
 
     Workloads of one ClusterQueue with the same priority and pod sets are judged alike, oldest
@@ -700,20 +703,80 @@ def _worth_judging(snapshot: Any, eligible: list[dict]) -> list[dict]:
     what the queue may still use (its nominal quota left plus what it may borrow): judging the
     rest would only repeat "pending" thousands of times per release. One more than fits is kept,
     so the first that does not fit is still said Pending, or asks for preemption. Waiting
-    workloads left out keep their last Pending message until their turn comes."""
-    kinds: dict[tuple, list[tuple]] = {}
-    for w in eligible:
-        view = _pending_view(w)
-        kinds.setdefault(view[2], []).append(view)
-    if len(kinds) == len(eligible):
-        return eligible  # every workload is its own kind: nothing to leave out
+    workloads left out keep their last Pending message until their turn comes. Workloads in
+    backoff (eligible later) are passed over."""
     kept = []
-    for (cq_name, _, shape), members in kinds.items():
+    for (cq_name, _, shape), members in pending_index.kinds.items():
         cq = snapshot.cluster_queues.get(cq_name)
-        fit = _how_many_fit(cq, shape) if cq is not None else len(members)
-        chosen = members if fit + 1 >= len(members) else heapq.nsmallest(fit + 1, members, key=lambda v: v[3])
-        kept.extend(view[0] for view in chosen)
+        room = _how_many_fit(cq, shape) + 1 if cq is not None else len(members)
+        for _, uid in members:
+            w = pending[uid]
+            if w["eligible_at"] <= now:
+                kept.append(w)
+                room -= 1
+                if room == 0:
+                    break
     return kept
+
+
+class _PendingIndex:
+    """The waiting workloads by kind (ClusterQueue, priority, pod sets), oldest first; kept in
+    step by `_enqueue` / `_dequeue` (the only writers of state["pending"]) like `_CohortIndex`."""
+
+    def __init__(self, pending: dict) -> None:
+        self.pending = pending
+        self.count = 0
+        self.kinds: dict[tuple, list[tuple[tuple, str]]] = {}
+        for w in pending.values():
+            self.add(w)
+
+    def mirrors(self, pending: dict) -> bool:
+        return self.pending is pending and self.count == len(pending)
+
+    def add(self, w: dict) -> None:
+        _, _, kind, order = _pending_view(w)
+        bisect.insort(self.kinds.setdefault(kind, []), (order, w["uid"]))
+        self.count += 1
+
+    def remove(self, w: dict) -> None:
+        _, _, kind, order = _pending_view(w)
+        members = self.kinds[kind]
+        members.pop(bisect.bisect_left(members, (order, w["uid"])))
+        if not members:
+            del self.kinds[kind]
+        self.count -= 1
+
+
+_PENDING_INDEXES: dict[str | None, _PendingIndex] = {}
+
+
+def _pending_index(ctx: Context, state: dict) -> _PendingIndex:
+    index = _PENDING_INDEXES.get(ctx.cache_key)
+    if ctx.cache_key is None or index is None or not index.mirrors(state["pending"]):
+        if len(_PENDING_INDEXES) > 4096:
+            _PENDING_INDEXES.clear()
+        index = _PENDING_INDEXES[ctx.cache_key] = _PendingIndex(state["pending"])
+    return index
+
+
+def _enqueue(state: dict, ctx: Context, w: dict) -> None:
+    index = _PENDING_INDEXES.get(ctx.cache_key)
+    in_step = index is not None and index.mirrors(state["pending"])
+    replaced = state["pending"].get(w["uid"])
+    if replaced is not None and in_step:
+        index.remove(replaced)
+    state["pending"][w["uid"]] = w
+    if in_step:
+        index.add(w)
+
+
+def _dequeue(state: dict, ctx: Context, uid: str) -> dict | None:
+    index = _PENDING_INDEXES.get(ctx.cache_key)
+    in_step = index is not None and index.mirrors(state["pending"])
+    w = state["pending"].pop(uid, None)
+    if w is not None and in_step:
+        index.remove(w)
+    return w
 
 
 def _how_many_fit(cq: Any, shape: tuple) -> int:
