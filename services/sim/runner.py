@@ -96,6 +96,8 @@ class _State:
     started_s: float = 0.0
     node: str | None = None
     admit: Envelope | None = None
+    evicting: bool = False  # an eviction is under way (its grace period runs)
+    readmit: Envelope | None = None  # an admit that came before the eviction completed
 
 
 @dataclass(order=True)
@@ -173,23 +175,33 @@ class Simulator:
         self.stats.actions_seen += 1
         at = (parse_utc(envelope.occurred_at) - SIM_EPOCH).total_seconds()
         if isinstance(payload, ActionAdmit):
+            if st.evicting and st.status in ("starting", "running"):
+                # The queue-manager requeued and readmitted it while its pods still stop (the
+                # grace period): as in Kubernetes, it starts again once the eviction is done.
+                st.readmit = envelope
+                return
             if st.status not in ("waiting", "suspended", "new"):
                 return  # already admitted or gone: a duplicate
-            st.attempt += 1
-            st.status = "starting"
-            st.admit = envelope
-            st.node = node_for(st.w, payload.flavors, self.nodes_by_flavor)
-            self.stats.admitted += 1
-            self._push("start", at + self.start_delay_s, uid=st.w.uid, attempt=st.attempt, cause=envelope)
+            self._admit(st, envelope, at)
         elif isinstance(payload, ActionEvict):
             if st.status not in ("starting", "running"):
                 return
+            st.evicting = True
             self._push("evicted", at + max(payload.grace_period_s, 0), uid=st.w.uid, attempt=st.attempt,
                        cause=envelope)
         elif isinstance(payload, ActionCleanup):
             if st.status == "done":
                 return
             self._push("delete", at, uid=st.w.uid, attempt=st.attempt, cause=envelope, phase="Deleted")
+
+    def _admit(self, st: _State, envelope: Envelope, at: float) -> None:
+        payload = envelope.payload
+        st.attempt += 1
+        st.status = "starting"
+        st.admit = envelope
+        st.node = node_for(st.w, payload.flavors, self.nodes_by_flavor)
+        self.stats.admitted += 1
+        self._push("start", at + self.start_delay_s, uid=st.w.uid, attempt=st.attempt, cause=envelope)
 
     # ------------------------------------------------------------------ event handling
 
@@ -247,7 +259,11 @@ class Simulator:
                 await self._emit("qm.cluster", w.uid,
                                  pod_finished(w, st.attempt, item.sim_s, "Failed", st.node, item.cause))
             st.status = "suspended"
+            st.evicting = False
             self.stats.evicted += 1
+            if st.readmit is not None:
+                readmit, st.readmit = st.readmit, None
+                self._admit(st, readmit, item.sim_s)
 
     def _note_stopped(self, w: SimWorkload) -> None:
         self.stats.running -= 1
