@@ -97,7 +97,7 @@ class _State:
     node: str | None = None
     admit: Envelope | None = None
     evicting: bool = False  # an eviction is under way (its grace period runs)
-    readmit: Envelope | None = None  # an admit that came before the eviction completed
+    readmit: Envelope | None = None  # an admit that came while it still ran (before its eviction completed)
 
 
 @dataclass(order=True)
@@ -175,9 +175,12 @@ class Simulator:
         self.stats.actions_seen += 1
         at = (parse_utc(envelope.occurred_at) - SIM_EPOCH).total_seconds()
         if isinstance(payload, ActionAdmit):
-            if st.evicting and st.status in ("starting", "running"):
-                # The queue-manager requeued and readmitted it while its pods still stop (the
-                # grace period): as in Kubernetes, it starts again once the eviction is done.
+            if st.status in ("starting", "running"):
+                # A new admission of a workload that still runs: the queue-manager requeued and
+                # readmitted it after an eviction whose pods still stop (the grace period), or
+                # whose command has not even arrived (evictions come from the preemption
+                # service, admissions from the queue-manager: no order between the two). As in
+                # Kubernetes, it starts again once the eviction is done.
                 st.readmit = envelope
                 return
             if st.status not in ("waiting", "suspended", "new"):
