@@ -281,7 +281,7 @@ def _expire_idle_reservations(state: dict, ctx: Context, emit: _Emitter) -> bool
                 usage=entry["usage"],
                 expiries=expiries,
             ),
-            identity=(uid, entry["reserved_at"], "expired"),
+            identity=(uid, entry["reserved_at"], entry.get("attempt", 0), "expired"),
         )
         emit.released(entry, "PodsReadyTimeout", expired_at)
         if expiries >= ctx.max_expiries:
@@ -320,7 +320,7 @@ def _requeue(state: dict, ctx: Context, emit: _Emitter, entry: dict, reason: str
     emit.add("qm.workloads", entry["cohort_key"], WorkloadRequeued(
         uid=entry["uid"], namespace=entry["namespace"], name=entry["name"], cluster_queue=entry["cluster_queue"],
         reason=reason, requeue_at=iso(workload["eligible_at"]), backoff_s=int(backoff), attempt=attempt),
-        identity=(entry["uid"], entry["reserved_at"], "requeued"))
+        identity=(entry["uid"], entry["reserved_at"], entry.get("attempt", 0), "requeued"))
 
 
 def _track_pod(state: dict, pod: PodRunning | PodFinished) -> None:
@@ -354,7 +354,7 @@ def _clean_up_zombies(state: dict, ctx: Context, emit: _Emitter) -> bool:
         emit.add("qm.actions", uid, ActionCleanup(
             workload_uid=uid, namespace=entry["namespace"], name=entry["name"], kind="Job",
             reason=f"pods gone since {iso(gone)} without the workload finishing; quota released after "
-                   f"{ctx.zombie_ttl_s:.0f}s"), identity=(uid, entry["reserved_at"], "cleanup"))
+                   f"{ctx.zombie_ttl_s:.0f}s"), identity=(uid, entry["reserved_at"], entry.get("attempt", 0), "cleanup"))
     if touched:
         emit.usage(state, touched)
     return bool(touched)
@@ -394,7 +394,7 @@ def _apply_preemption(state: dict, answer: PreemptionVictimsSelected, ctx: Conte
         emit.add("qm.workloads", entry["cohort_key"], WorkloadEvicted(
             uid=entry["uid"], namespace=entry["namespace"], name=entry["name"], cluster_queue=entry["cluster_queue"],
             reason=victim["reason"], preemptor=preemptor_name, grace_period_s=victim.get("grace_period_s", 0),
-            evicted_at=iso(now)), identity=(entry["uid"], entry["reserved_at"], "evicted"))
+            evicted_at=iso(now)), identity=(entry["uid"], entry["reserved_at"], entry.get("attempt", 0), "evicted"))
         emit.released(entry, "Preempted", now)
         state["said"].pop(entry["uid"], None)
         _requeue(state, ctx, emit, entry, "Preempted", attempt=entry["workload"].get("attempts", 0) + 1, at=now)
@@ -660,6 +660,9 @@ def _drain(state: dict, ctx: Context, emit: _Emitter, only: list[str] | None = N
                 "counts": counts,
                 "usage": _usage_by_flavor(workload, flavors, counts),
                 "reserved_at": now,
+                # which reservation of the workload this is: a victim requeued without backoff can
+                # be reserved again at the same event time, and its events need ids of their own
+                "attempt": workload.get("attempts", 0),
                 "running_at": None,
                 "placement": placement,
                 "workload": workload,
@@ -919,7 +922,7 @@ class _Emitter:
                 reserved_at=iso(entry["reserved_at"]),
                 borrowing=borrowing,
             ),
-            identity=(entry["uid"], entry["reserved_at"], "reserved"),
+            identity=(entry["uid"], entry["reserved_at"], entry.get("attempt", 0), "reserved"),
         )
 
     def admit_action(self, entry: dict, ctx: Context) -> None:
@@ -938,7 +941,7 @@ class _Emitter:
                 node_selector=node_selector,
                 flavors=entry["flavors"],
             ),
-            identity=(entry["uid"], entry["reserved_at"], "admit"),
+            identity=(entry["uid"], entry["reserved_at"], entry.get("attempt", 0), "admit"),
         )
 
     def preemption_needed(self, state: dict, workload: dict, decision: Any, cohort_key: str) -> None:
@@ -980,7 +983,7 @@ class _Emitter:
                 usage=entry["usage"],
                 released_at=iso(at),
             ),
-            identity=(entry["uid"], entry["reserved_at"], "released"),
+            identity=(entry["uid"], entry["reserved_at"], entry.get("attempt", 0), "released"),
         )
 
     def usage(self, state: dict, namespaces: set[str]) -> None:

@@ -137,3 +137,24 @@ def test_a_question_left_unanswered_past_the_timeout_does_not_block_the_queue(tm
     state, out = run(ctx, [finished], state)  # 2 minutes on, the admitted set changed: chat-1 asks again
     asked = [o.envelope.payload.preemptor["name"] for o in out if o.envelope.event_type == "preemption.needed.v1"]
     assert asked == ["chat-1"]
+
+
+def test_a_victim_reserved_again_at_the_same_moment_gets_events_of_its_own(tmp_path):
+    import dataclasses
+
+    ctx = dataclasses.replace(config(tmp_path), backoff_base_s=0)  # requeued victims may return at once
+    state, first = run(ctx, [validated("train", 16, 0, "training"), validated("batch-a", 8, 0, "batch"),
+                             validated("batch-b", 8, 0, "batch"), validated("chat", 8, 1000, "inference")])
+    answer = make_envelope(PreemptionVictimsSelected(
+        preemptor_uid="uid-chat", cohort="gpu-queue",
+        victims=[{"uid": "uid-batch-a", "namespace": "ml-team", "name": "batch-a", "cluster_queue": "gpu-queue",
+                  "reason": "InClusterQueue", "policy": "p", "grace_period_s": 0}]), producer="preemption", occurred_at=AT)
+    done = make_envelope(WorkloadFinished(uid="uid-batch-b", namespace="ml-team", name="batch-b", succeeded=True,
+                                          finished_at=AT), producer="test", occurred_at=AT)
+    state, later = run(ctx, [answer, done], state)
+    reserved_a = [o.envelope.event_id for o in first + later
+                  if o.envelope.event_type in ("workload.quota_reserved.v1", "action.admit.v1")
+                  and getattr(o.envelope.payload, "name", None) in ("batch-a",)
+                  or getattr(o.envelope.payload, "workload_uid", None) == "uid-batch-a"]
+    assert "uid-batch-a" in state["admitted"]  # evicted and reserved again, all at 10:00:00
+    assert len(reserved_a) == 4 and len(set(reserved_a)) == 4  # two reservations, two admits: four ids
