@@ -133,6 +133,8 @@ def objects_of(cluster_queue: str):
 
 
 async def on_workload_event(envelope: Envelope, event) -> None:
+    if not isinstance(envelope.payload, fold.FOLDED):
+        return  # our own decisions coming back: nothing to fold, no state to store
     key = event.key.decode() if event.key else envelope.payload.uid
     applied = await runtime.apply_once(cohorts, key, envelope, lambda s, e: fold.apply(s, e, dataclasses.replace(context, cache_key=key)))
     if not applied:

@@ -95,9 +95,17 @@ def iso(seconds: float) -> str:
     return utc_iso(datetime.fromtimestamp(seconds, UTC))
 
 
+#: What the fold reads on qm.workloads. Everything else there (its own decisions, admission's
+#: rejections) changes nothing, not even the fold's clock, so the shell may skip it unread.
+FOLDED = (WorkloadValidated, NodeCapacity, PodRunning, PodFinished, WorkloadRunning, WorkloadFinished, ClockTick,
+          PreemptionVictimsSelected, ClusterSignals)
+
+
 def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, list[Output]]:
     state = state if state is not None else empty_state()
     payload = envelope.payload
+    if not isinstance(payload, FOLDED):
+        return state, []
     configured = ctx.objects
     if state.get("limits"):  # decide with the borrowingLimits the QuotaRules chose
         ctx = dataclasses.replace(ctx, objects=_effective_objects(configured, state["limits"]))
