@@ -35,17 +35,25 @@ async def drain(sim: Simulator, until_s: float = float("inf")) -> None:
         sim._heap.sort()
 
 
-def test_an_admit_during_the_grace_period_starts_the_workload_once_evicted():
+ADMIT = dict(workload_uid="u1", namespace="ml-team", name="w1", kind="Job")
+
+
+def running_workload() -> Simulator:
+    """A simulated cluster whose one workload was admitted at 10 s and runs."""
     sim = Simulator("unused", "", [W], speed=1.0, start_delay_s=0.0)
     sim._clock, sim._bus = Compression(speed=1.0, wall0=0.0), Bus()
     sim.workloads["u1"].status = "waiting"
-    admit = dict(workload_uid="u1", namespace="ml-team", name="w1", kind="Job")
-    sim.on_action(action(ActionAdmit(**admit), "2026-11-29T09:00:10Z", 1))
+    sim.on_action(action(ActionAdmit(**ADMIT), "2026-11-29T09:00:10Z", 1))
     asyncio.run(drain(sim, until_s=15))
+    return sim
+
+
+def test_an_admit_during_the_grace_period_starts_the_workload_once_evicted():
+    sim = running_workload()
     assert sim.workloads["u1"].status == "running"
 
-    sim.on_action(action(ActionEvict(**admit, reason="Preempted", grace_period_s=30), "2026-11-29T09:00:20Z", 2))
-    sim.on_action(action(ActionAdmit(**admit), "2026-11-29T09:00:21Z", 3))  # requeued and readmitted at once
+    sim.on_action(action(ActionEvict(**ADMIT, reason="Preempted", grace_period_s=30), "2026-11-29T09:00:20Z", 2))
+    sim.on_action(action(ActionAdmit(**ADMIT), "2026-11-29T09:00:21Z", 3))  # requeued and readmitted at once
     assert sim.workloads["u1"].status == "running"  # still stopping: the admit waits for the eviction
     asyncio.run(drain(sim))
     st = sim.workloads["u1"]
@@ -54,15 +62,10 @@ def test_an_admit_during_the_grace_period_starts_the_workload_once_evicted():
 
 
 def test_an_admit_that_overtakes_the_eviction_command_is_not_lost():
-    sim = Simulator("unused", "", [W], speed=1.0, start_delay_s=0.0)
-    sim._clock, sim._bus = Compression(speed=1.0, wall0=0.0), Bus()
-    sim.workloads["u1"].status = "waiting"
-    admit = dict(workload_uid="u1", namespace="ml-team", name="w1", kind="Job")
-    sim.on_action(action(ActionAdmit(**admit), "2026-11-29T09:00:10Z", 1))
-    asyncio.run(drain(sim, until_s=15))
+    sim = running_workload()
     # the readmission (queue-manager) arrives before the eviction (preemption service)
-    sim.on_action(action(ActionAdmit(**admit), "2026-11-29T09:00:21Z", 3))
-    sim.on_action(action(ActionEvict(**admit, reason="Preempted", grace_period_s=0), "2026-11-29T09:00:20Z", 2))
+    sim.on_action(action(ActionAdmit(**ADMIT), "2026-11-29T09:00:21Z", 3))
+    sim.on_action(action(ActionEvict(**ADMIT, reason="Preempted", grace_period_s=0), "2026-11-29T09:00:20Z", 2))
     asyncio.run(drain(sim))
     st = sim.workloads["u1"]
     assert st.status == "done" and st.attempt == 2 and sim._bus.sent.count("pod.running.v1") == 2
