@@ -371,13 +371,20 @@ def _clean_up_zombies(state: dict, ctx: Context, emit: _Emitter) -> bool:
 def _apply_preemption(state: dict, answer: PreemptionVictimsSelected, ctx: Context, emit: _Emitter) -> bool:
     """The preemption service chose victims (or found none allowed). Victims give their quota
     back and requeue with backoff; the preemptor is admitted first in this same step, so the
-    freed quota is held for it and no third workload can take it. Returns False if moot."""
+    freed quota is held for it and no third workload can take it. Returns False if nothing moved.
+
+    The preemption service has already told the cluster to evict the victims when its answer
+    arrives, so they give their quota back even if the preemptor no longer waits (admitted or
+    gone meanwhile): kept as admitted here, they would hold quota while the cluster had
+    stopped them, and nothing would ever admit them again."""
     asking = state.get("asking", {})
     for cq in [cq for cq, question in asking.items() if question["uid"] == answer.preemptor_uid]:
         del asking[cq]  # answered: the queue's next preemptor may ask
     preemptor = state["pending"].get(answer.preemptor_uid)
     if preemptor is None:
-        return False  # admitted or gone meanwhile: evicting anyone now would be waste
+        holder = state["admitted"].get(answer.preemptor_uid)
+        name = f"{holder['namespace']}/{holder['name']}" if holder else answer.preemptor_uid
+        return _evict_victims(state, answer, ctx, emit, name)  # then every waiting workload may fit
     if answer.blocked_message:
         blocked = state.setdefault("blocked", {})
         if blocked.get(preemptor["uid"]) != answer.blocked_message:
@@ -391,6 +398,14 @@ def _apply_preemption(state: dict, answer: PreemptionVictimsSelected, ctx: Conte
                 identity=(preemptor["uid"], answer.blocked_message),
             )
         return False
+    _evict_victims(state, answer, ctx, emit, f"{preemptor['namespace']}/{preemptor['name']}")
+    _drain(state, ctx, emit, only=[preemptor["uid"]])  # nominated: the freed quota is the preemptor's
+    return True
+
+
+def _evict_victims(state: dict, answer: PreemptionVictimsSelected, ctx: Context, emit: _Emitter,
+                   preemptor_name: str) -> bool:
+    """The victims still admitted give their quota back and requeue with backoff."""
     now = state["now"]
     touched = set()
     for victim in answer.victims:
@@ -398,7 +413,6 @@ def _apply_preemption(state: dict, answer: PreemptionVictimsSelected, ctx: Conte
         if entry is None:
             continue
         touched.add(entry["namespace"])
-        preemptor_name = f"{preemptor['namespace']}/{preemptor['name']}"
         emit.add("qm.workloads", entry["cohort_key"], WorkloadEvicted(
             uid=entry["uid"], namespace=entry["namespace"], name=entry["name"], cluster_queue=entry["cluster_queue"],
             reason=victim["reason"], preemptor=preemptor_name, grace_period_s=victim.get("grace_period_s", 0),
@@ -408,8 +422,7 @@ def _apply_preemption(state: dict, answer: PreemptionVictimsSelected, ctx: Conte
         _requeue(state, ctx, emit, entry, "Preempted", attempt=entry["workload"].get("attempts", 0) + 1, at=now)
     if touched:
         emit.usage(state, touched)
-    _drain(state, ctx, emit, only=[preemptor["uid"]])  # nominated: the freed quota is the preemptor's
-    return True
+    return bool(touched)
 
 
 _CORE_WORKLOADS: dict[str, tuple[dict, CoreWorkload, tuple, tuple]] = {}

@@ -158,3 +158,27 @@ def test_a_victim_reserved_again_at_the_same_moment_gets_events_of_its_own(tmp_p
                   or getattr(o.envelope.payload, "workload_uid", None) == "uid-batch-a"]
     assert "uid-batch-a" in state["admitted"]  # evicted and reserved again, all at 10:00:00
     assert len(reserved_a) == 4 and len(set(reserved_a)) == 4  # two reservations, two admits: four ids
+
+
+def test_victims_of_an_answer_that_came_too_late_still_give_their_quota_back(tmp_path):
+    """The preemption service told the cluster to evict them already: kept as admitted, they
+    would hold quota the cluster no longer uses, and nothing would admit them again."""
+    ctx = config(tmp_path)
+    state, _ = run(ctx, [validated(f"batch-{i}", 8, 0, "batch") for i in range(4)])
+    state, _ = run(ctx, [validated("chat", 8, 1000, "inference", at="2026-11-29T10:01:00Z")], state)
+    done = make_envelope(WorkloadFinished(uid="uid-batch-3", namespace="ml-team", name="batch-3", succeeded=True,
+                                          finished_at="2026-11-29T10:01:05Z"),
+                         producer="test", occurred_at="2026-11-29T10:01:05Z")
+    state, _ = run(ctx, [done], state)
+    assert "uid-chat" in state["admitted"]  # admitted before the answer came
+    answer = make_envelope(PreemptionVictimsSelected(
+        preemptor_uid="uid-chat", cohort="gpu-queue",
+        victims=[{"uid": "uid-batch-0", "namespace": "ml-team", "name": "batch-0", "cluster_queue": "gpu-queue",
+                  "reason": "InClusterQueue", "policy": "p", "grace_period_s": 30}]),
+        producer="preemption", occurred_at="2026-11-29T10:01:10Z")
+    state, out = run(ctx, [answer], state)
+    kinds = [o.envelope.event_type for o in out if o.topic == "qm.workloads"]
+    assert kinds[:3] == ["workload.evicted.v1", "workload.released.v1", "workload.requeued.v1"]
+    assert [o.envelope.payload.preemptor for o in out if o.envelope.event_type == "workload.evicted.v1"] == [
+        "ml-team/chat"]
+    assert "uid-batch-0" not in state["admitted"] and "uid-batch-0" in state["pending"]
