@@ -330,8 +330,17 @@ async def test_bookmarks_advance_the_saved_resource_version(admin: Kube, watcher
     log = EventLog()
     w = await start_watcher(watcher_kube, log, flavors=A100, watch_timeout_s=6)
     try:
+        # Pods of earlier tests may still be finishing: start once their events have stopped
+        # (3 s without a new one), so what follows is the bookmark alone.
+        pods_before, quiet_since = -1, 0.0
+        for _ in range(300):
+            count = len(log.events(normalize.POD_RUNNING)) + len(log.events(normalize.POD_FINISHED))
+            if count != pods_before:
+                pods_before, quiet_since = count, asyncio.get_running_loop().time()
+            elif asyncio.get_running_loop().time() - quiet_since >= 3:
+                break
+            await asyncio.sleep(0.1)
         r0 = int(w.state.resource_versions["core/v1/pods"])
-        pods_before = len(log.events(normalize.POD_RUNNING)) + len(log.events(normalize.POD_FINISHED))
         # Advance etcd's revision elsewhere, then a consistent pod list: the API server asks
         # etcd for a progress notification, its pods cache catches up, and watchers get a
         # bookmark shortly before their timeout (the server sends them ~2 s before it).
