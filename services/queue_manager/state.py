@@ -540,31 +540,29 @@ def _index(ctx: Context, state: dict) -> _CohortIndex:
 
 
 def _admit(state: dict, ctx: Context, entry: dict) -> None:
-    index = _INDEXES.get(ctx.cache_key)
-    in_step = index is not None and index.mirrors(state["admitted"])
+    index = _in_step(state, ctx)
     state["admitted"][entry["uid"]] = entry
     state["rev"] = state.get("rev", 0) + 1
     _CORE_WORKLOADS.pop(entry["uid"], None)
-    if in_step:
+    if index is not None:
         index.add(entry)
 
 
 def _unadmit(state: dict, ctx: Context, uid: str) -> dict | None:
-    index = _INDEXES.get(ctx.cache_key)
-    in_step = index is not None and index.mirrors(state["admitted"])
+    index = _in_step(state, ctx)
     entry = state["admitted"].pop(uid, None)
     if entry is None:
         return None
     state["rev"] = state.get("rev", 0) + 1
-    if in_step:
+    if index is not None:
         index.remove(entry)
     return entry
 
 
 def _mark_running(state: dict, ctx: Context, entry: dict, at: float) -> None:
     """Its GPUs move from reserved to running in the namespace's sums."""
-    index = _INDEXES.get(ctx.cache_key)
-    totals = index.usage.get(entry["namespace"]) if index is not None and index.mirrors(state["admitted"]) else None
+    index = _in_step(state, ctx)
+    totals = index.usage.get(entry["namespace"]) if index is not None else None
     if totals is not None:
         totals.change(entry, -1)
     entry["running_at"] = at
