@@ -26,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
 from services.adapters import logs
 from services.adapters.bus import dlq_headers
+from services.adapters.gc_tuning import tune_gc
 from services.adapters.settings import Settings
 from services.contracts.codec import ContractError, Envelope, decode, encode
 from services.contracts.schemas import topic_specs
@@ -547,4 +548,5 @@ class ServiceRuntime:
 
     def main(self) -> None:
         """Run as a faust worker: `python -m services.<name> worker`."""
+        tune_gc()
         self.app.main()

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 
+from services.adapters.gc_tuning import tune_gc
 from services.core.quota import ConfigError, build_snapshot, drain, load_objects, run_cycles
 
 _SUFFIXES = (".yaml", ".yml", ".json")
@@ -92,6 +93,7 @@ def simulate(
     ] = None,
 ) -> None:
     """Run one Kueue scheduling cycle (or a drain pass) over the pending workloads; print JSON."""
+    tune_gc()  # large inputs: the same collector settings as the queue-manager
     try:
         objects = load_objects(read_documents(files))
     except (InputError, ConfigError) as exc:

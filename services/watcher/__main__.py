@@ -21,6 +21,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from services.adapters import logs
 from services.adapters.bus import dlq_headers
+from services.adapters.gc_tuning import tune_gc
 from services.adapters.settings import Settings
 from services.contracts.codec import ContractError, validate_document
 from services.watcher.main import ActionRunner, WatcherSettings, run
@@ -81,6 +82,7 @@ def _done() -> asyncio.Task[Any]:
 async def main() -> None:
     settings = Settings.from_env("watcher")
     logs.configure("watcher", settings.log_level)
+    tune_gc()
     bus = KafkaBus(settings)
     await bus.producer.start()
     await bus.consumer.start()

@@ -99,7 +99,11 @@ class PodSetAssignment:
             return AssignmentMode.FIT
         if not self.flavors:
             return AssignmentMode.NO_FIT
-        return min(choice.mode for choice in self.flavors.values())
+        mode = AssignmentMode.FIT
+        for choice in self.flavors.values():  # a loop, not min(): called per nomination
+            if choice.mode < mode:
+                mode = choice.mode
+        return mode
 
     def message(self) -> str:
         return ", ".join(sorted(self.reasons))
@@ -114,7 +118,12 @@ class Assignment:
     def representative_mode(self) -> AssignmentMode:
         if not self.pod_sets:
             return AssignmentMode.NO_FIT
-        return min(ps.representative_mode() for ps in self.pod_sets)
+        mode = AssignmentMode.FIT
+        for ps in self.pod_sets:
+            ps_mode = ps.representative_mode()
+            if ps_mode < mode:
+                mode = ps_mode
+        return mode
 
     def message(self) -> str:
         parts = []
@@ -209,37 +218,53 @@ class FlavorAssigner:
         pod_sets: tuple[PodSet, ...],
         oracle: PreemptionOracle | None,
         fair_sharing: bool,
-        memo: Callable[[], tuple[dict[object, object], object]] | None = None,
+        memo: tuple[dict[object, object], object] | None = None,
     ) -> None:
         self.cq = cq
         self.flavors = flavors
         self.pod_sets = pod_sets
         self.oracle = oracle
-        # memo() -> (dict valid for the current snapshot state, key of the oracle's inputs):
-        # a resource group's flavor search is pure in (state, oracle, requests, assumed usage)
+        # memo: (dict valid for the current snapshot state, key of the oracle's inputs): a
+        # resource group's flavor search is pure in (state, oracle, requests, assumed usage)
         self.memo = memo
         pre = cq.spec.preemption
         self.can_preempt_while_borrowing = pre.borrow_within_cohort != "Never" or (
             fair_sharing and pre.reclaim_within_cohort != "Never"
         )
 
+    def _plan(
+        self, ps: PodSet, count: int
+    ) -> tuple[dict[str, int], list[tuple[str, ResourceGroup | None, tuple[tuple[str, int], ...]]]]:
+        """The pod set's requests at ``count`` and, per requested resource in name order, its
+        resource group and the group's requests: fixed by the spec, so kept per ClusterQueue."""
+        plans = self.cq.plans
+        key = (ps, count)
+        plan = plans.get(key)
+        if plan is None:
+            requests = {res: per_pod * count for res, per_pod in ps.requests}
+            if "pods" in self.cq.rg_by_resource:
+                requests["pods"] = count * 1000
+            steps = []
+            for res in sorted(requests):
+                rg = self.cq.rg_by_resource.get(res)
+                covered = rg.covered_resources if rg is not None else ()
+                steps.append((res, rg, tuple(sorted((r, v) for r, v in requests.items() if r in covered))))
+            plan = plans[key] = (requests, steps)
+        return plan  # type: ignore[return-value]
+
     def assign(self, counts: list[int] | None = None) -> Assignment:
-        cq = self.cq
         assignment = Assignment()
         usage = assignment.usage
-        covers_pods = "pods" in cq.rg_by_resource
         memo = self.memo
         if memo is not None:
-            memo_dict, memo_key = memo()
+            memo_dict, memo_key = memo
         for i, ps in enumerate(self.pod_sets):
             count = ps.count if counts is None else counts[i]
-            requests = {res: per_pod * count for res, per_pod in ps.requests}
-            if covers_pods:
-                requests["pods"] = count * 1000
+            requests, steps = self._plan(ps, count)
             psa = PodSetAssignment(ps.name, count, requests, {})
+            flavors = psa.flavors
             failed = False
-            for res in sorted(requests):
-                rg = cq.rg_by_resource.get(res)
+            for res, rg, group in steps:
                 if rg is None:
                     if requests[res] == 0:
                         continue
@@ -247,13 +272,11 @@ class FlavorAssigner:
                     psa.no_fit_reason = Reason.NO_MATCHING_FLAVOR
                     failed = True
                     break
-                if res in psa.flavors:  # type: ignore[operator]
+                if res in flavors:  # type: ignore[operator]
                     continue
                 if memo is None:
                     chosen, reasons, no_fit = self._find_flavor(ps, requests, res, rg, usage)
                 else:
-                    covered = rg.covered_resources
-                    group = tuple(sorted((r, v) for r, v in requests.items() if r in covered))
                     assumed = (
                         tuple(usage.get((fq.flavor, r), 0) for fq in rg.flavors for r, _ in group)
                         if usage
@@ -265,20 +288,19 @@ class FlavorAssigner:
                         hit = self._find_flavor(ps, requests, res, rg, usage)
                         memo_dict[mkey] = hit
                     chosen, reasons, no_fit = hit  # type: ignore[misc]
-                    reasons = list(reasons)
                 if chosen is None:
-                    psa.reasons = reasons
+                    psa.reasons = list(reasons)
                     psa.no_fit_reason = no_fit
                     failed = True
                     break
-                psa.flavors.update(chosen)  # type: ignore[union-attr]
+                flavors.update(chosen)  # type: ignore[union-attr]
                 psa.reasons.extend(reasons)
             if failed:
                 psa.flavors = None
                 assignment.pod_sets.append(psa)
                 return assignment
             assignment.pod_sets.append(psa)
-            for res, choice in psa.flavors.items():  # type: ignore[union-attr]
+            for res, choice in flavors.items():  # type: ignore[union-attr]
                 if choice.borrow > assignment.borrowing:
                     assignment.borrowing = choice.borrow
                 fr = (choice.flavor, res)

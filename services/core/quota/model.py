@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from types import MappingProxyType
 
 # A (flavor, resource) pair: Kueue's FlavorResource.
 FlavorResource = tuple[str, str]
@@ -280,6 +281,9 @@ class PreemptionTarget:
     cluster_queue: str = ""
 
 
+_NO_ENTRIES: Mapping[str, object] = MappingProxyType({})
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     workload: str
@@ -287,8 +291,9 @@ class Decision:
     cluster_queue: str | None
     reason: Reason
     message: str = ""
-    flavors: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
-    counts: Mapping[str, int] = field(default_factory=dict)
+    # a pending decision shares one empty, read-only mapping (drain makes tens of thousands)
+    flavors: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: _NO_ENTRIES)
+    counts: Mapping[str, int] = field(default_factory=lambda: _NO_ENTRIES)
     preempts: tuple[PreemptionTarget, ...] = ()
     borrowing: int = 0
 

@@ -24,7 +24,7 @@ Nothing here mutates the snapshot passed in: results carry a new snapshot.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from services.core.quota.fairsharing import dominant_resource_share
 from services.core.quota.flavors import (
@@ -137,25 +137,37 @@ class _Entry:
     wl: Workload
     cq: ClusterQueueState
     assignment: Assignment | None = None
-    targets: list[PreemptionTarget] = field(default_factory=list)
+    targets: list[PreemptionTarget] | tuple[()] = ()
     message: str = ""
+    mode: AssignmentMode = AssignmentMode.NO_FIT
     reason: Reason = Reason.WAITING_FOR_QUOTA
     share: int = 0
     sort_key: tuple[object, ...] = ()
 
 
-def _oracle(snapshot: Snapshot, preemptor: Preemptor, now: float):  # type: ignore[no-untyped-def]
-    cq = snapshot.cluster_queues[preemptor.cluster_queue]
-    pkey = _preemptor_key(cq, preemptor, now)
+class _Oracle:
+    """Kueue's preemption oracle for one preemptor: could preemption make room for ``value``
+    of ``fr``, and at what borrowing level? Memoised per tree state (Snapshot.tree_cache)."""
 
-    def simulate(fr: tuple[str, str], value: int) -> tuple[Mode, int]:
-        # pure in the tree's admitted set: memoised per tree fingerprint (Snapshot.tree_cache)
+    __slots__ = ("snapshot", "preemptor", "now", "cq", "pkey")
+
+    def __init__(
+        self, snapshot: Snapshot, preemptor: Preemptor, cq: ClusterQueueState, now: float, pkey: object
+    ) -> None:
+        self.snapshot = snapshot
+        self.preemptor = preemptor
+        self.now = now
+        self.cq = cq
+        self.pkey = pkey
+
+    def __call__(self, fr: tuple[str, str], value: int) -> tuple[Mode, int]:
+        snapshot, cq, pkey = self.snapshot, self.cq, self.pkey
         cache = snapshot.tree_cache(cq.root_key) if pkey is not None else None
         if cache is not None:
             hit = cache.get(("oracle", pkey, fr, value))
             if hit is not None:
                 return hit  # type: ignore[return-value]
-        targets = get_targets(snapshot, preemptor, {fr: value}, {fr}, now)
+        targets = get_targets(snapshot, self.preemptor, {fr: value}, {fr}, self.now)
         if not targets:
             out = Mode.NO_CANDIDATES, 0
         else:
@@ -169,8 +181,6 @@ def _oracle(snapshot: Snapshot, preemptor: Preemptor, now: float):  # type: igno
         if cache is not None:
             cache[("oracle", pkey, fr, value)] = out
         return out
-
-    return simulate
 
 
 def _preemptor_key(cq: ClusterQueueState, preemptor: Preemptor, now: float) -> tuple[object, ...] | None:
@@ -193,14 +203,9 @@ def _assign(
     preemptor = Preemptor(wl.key, cq.name, wl.priority, wl.created_at, may_preempt)
     fair = snapshot.config.fair_sharing.enabled
     pkey = _preemptor_key(cq, preemptor, now)
-    memo = None
-    if pkey is not None:
-
-        def memo() -> tuple[dict[object, object], object]:
-            return snapshot.tree_cache(cq.root_key), pkey
-
+    memo = (snapshot.tree_cache(cq.root_key), pkey) if pkey is not None else None
     assigner = FlavorAssigner(
-        cq, snapshot.flavors, wl.pod_sets, _oracle(snapshot, preemptor, now), fair, memo
+        cq, snapshot.flavors, wl.pod_sets, _Oracle(snapshot, preemptor, cq, now, pkey), fair, memo
     )
     full = assigner.assign()
     mode = full.representative_mode()
@@ -269,13 +274,15 @@ class _Queues:
     """Pending workloads per ClusterQueue, in queue order, plus the BestEffortFIFO
     inadmissible set (workloads that stepped aside until quota is freed)."""
 
-    __slots__ = ("order", "pending", "inadmissible", "pos")
+    __slots__ = ("order", "pending", "inadmissible", "pos", "live")
 
     def __init__(self) -> None:
         self.order: list[str] = []  # ClusterQueue names, sorted
         self.pending: dict[str, list[Workload]] = {}
         self.inadmissible: set[str] = set()
         self.pos: dict[str, int] = {}  # first index that may still be pending
+        # ClusterQueues whose queue is not yet used up, in order (heads() drops the others)
+        self.live: list[str] = []
 
     def add(self, cq: str, wl: Workload) -> None:
         self.pending.setdefault(cq, []).append(wl)
@@ -284,25 +291,30 @@ class _Queues:
         for wls in self.pending.values():
             wls.sort(key=queue_order_key)
         self.order = sorted(self.pending)
+        self.rewind()
+
+    def rewind(self) -> None:
+        """Every queue from its first workload again (after quota was freed)."""
         self.pos = {cq: 0 for cq in self.order}
+        self.live = list(self.order)
 
 
-def _reserve(e: _Entry) -> dict[tuple[str, str], int]:
-    """Kueue's quotaResourcesToReserve for a preemptor without candidates."""
+def _reserve(e: _Entry) -> list[tuple[tuple[str, str], int]]:
+    """Kueue's quotaResourcesToReserve for a preemptor without candidates (positive parts)."""
     assert e.assignment is not None
-    cq = e.cq
-    out = {}
+    node = e.cq.node
+    quotas, used = node.quotas, node.usage
+    borrowing = e.assignment.borrowing
+    out = []
     for fr, value in e.assignment.usage.items():
-        quota = cq.node.quotas.get(fr)
-        nominal = 0 if quota is None else quota.nominal
-        usage = cq.node.usage.get(fr, 0)
-        if e.assignment.borrowing:
-            if quota is None or quota.borrowing_limit is None:
-                out[fr] = value
-            else:
-                out[fr] = min(value, nominal + quota.borrowing_limit - usage)
+        quota = quotas.get(fr)
+        if borrowing:
+            if quota is not None and quota.borrowing_limit is not None:
+                value = min(value, quota.nominal + quota.borrowing_limit - used.get(fr, 0))
         else:
-            out[fr] = max(0, min(value, nominal - usage))
+            value = min(value, (0 if quota is None else quota.nominal) - used.get(fr, 0))
+        if value > 0:
+            out.append((fr, value))
     return out
 
 
@@ -312,11 +324,19 @@ class _Scheduler:
         self.now = now
         self.queues = _Queues()
         self.decisions: dict[str, Decision] = {}
+        # still waiting in this ClusterQueue, never nominated: its "Queued" decision is made
+        # only by result() (most workloads of a drain get another decision first)
+        self.queued_in: dict[str, str] = {}
         self.order: list[str] = []
         self.done: set[str] = set()  # admitted or (drain) preempting: out of the queues
         self.preempted_for: dict[str, tuple[PreemptionTarget, ...]] = {}
+        # pod sets -> a small int, so nomination memo keys hash an int, not nested dataclasses
+        self.shapes: dict[str, int] = {}
+        shape_ids: dict[tuple[object, ...], int] = {}
         for wl in pending:
-            if wl.key in self.snap.workloads or wl.key in self.decisions or wl.admission is not None:
+            if wl.key in self.snap.workloads or wl.key in self.queued_in or wl.admission is not None:
+                continue
+            if wl.key in self.decisions:
                 continue
             self.order.append(wl.key)
             cq, rejected = resolve_cluster_queue(self.snap, wl)
@@ -325,9 +345,8 @@ class _Scheduler:
                 self.decisions[wl.key] = rejected
                 continue
             self.queues.add(cq.name, wl)
-            self.decisions[wl.key] = Decision(
-                wl.key, WorkloadStatus.PENDING, cq.name, Reason.QUEUED, f"Queued in ClusterQueue {cq.name}"
-            )
+            self.queued_in[wl.key] = cq.name
+            self.shapes[wl.key] = shape_ids.setdefault(wl.pod_sets, len(shape_ids))
         self.queues.seal()
         self.fair = self.snap.config.fair_sharing.enabled
 
@@ -338,21 +357,25 @@ class _Scheduler:
         q = self.queues
         done = self.done
         inadmissible = q.inadmissible
-        for cq_name in q.order:
+        pos = q.pos
+        cluster_queues = self.snap.cluster_queues
+        live = []
+        for cq_name in q.live:
             wls = q.pending[cq_name]
-            cq = self.snap.cluster_queues[cq_name]
-            strict = cq.spec.queueing_strategy is QueueingStrategy.STRICT_FIFO
-            i = q.pos[cq_name]
+            cq = cluster_queues[cq_name]
+            i = pos[cq_name]
             n = len(wls)
-            if strict:
+            if cq.spec.queueing_strategy is QueueingStrategy.STRICT_FIFO:
                 while i < n and wls[i].key in done:
                     i += 1
             else:  # inadmissible workloads stay aside until evict() resets the positions
                 while i < n and (wls[i].key in done or wls[i].key in inadmissible):
                     i += 1
-            q.pos[cq_name] = i
+            pos[cq_name] = i
             if i < n:
                 out.append((wls[i], cq))
+                live.append(cq_name)
+        q.live = live
         return out
 
     # -- one cycle
@@ -361,6 +384,7 @@ class _Scheduler:
         """Run one cycle. Returns (progress, victims issued)."""
         snap = self.snap
         now = self.now
+        shapes = self.shapes
         entries: list[_Entry] = []
         for wl, cq in self.heads():
             e = _Entry(wl, cq)
@@ -372,17 +396,17 @@ class _Scheduler:
                 # and so does a workload with the same pod sets and the same standing as a
                 # preemptor (the nomination reads nothing else of the workload)
                 cache = snap.tree_cache(cq.root_key)
-                nkey = (
-                    "nomination",
-                    _preemptor_key(cq, Preemptor(wl.key, cq.name, wl.priority, wl.created_at), now),
-                    wl.pod_sets,
+                newer = (
+                    cq.spec.preemption.within_cluster_queue is PreemptionPolicy.LOWER_OR_NEWER_EQUAL_PRIORITY
                 )
+                # what _preemptor_key reads (now is fixed for the pass), and the pod sets' id
+                nkey = ("nomination", cq.name, wl.priority, wl.created_at if newer else None, shapes[wl.key])
                 hit = cache.get(nkey)
                 if hit is None:
-                    hit = _assign(snap, wl, cq, now)
+                    assignment, targets = _assign(snap, wl, cq, now)
+                    hit = (assignment, targets, assignment.message(), assignment.representative_mode())
                     cache[nkey] = hit
-                e.assignment, e.targets = hit  # type: ignore[misc]
-                e.message = e.assignment.message()
+                e.assignment, e.targets, e.message, e.mode = hit  # type: ignore[misc]
                 if self.fair:
                     e.share = dominant_resource_share(cq.node, e.assignment.usage)[0]
                 e.sort_key = (e.assignment.borrowing, e.share, -wl.priority, wl.created_at, wl.key)
@@ -393,26 +417,25 @@ class _Scheduler:
         issued: list[PreemptionTarget] = []
         preempted: dict[str, PreemptionTarget] = {}
         temporary: list[tuple[Node, tuple[str, str], int]] = []
-        set_aside: list[str] = []
+        set_aside: list[_Entry] = []
         for e in entries:
             wl, cq = e.wl, e.cq
             if e.assignment is None:
                 self._pending(e, e.reason, e.message)
-                set_aside.append(wl.key)
+                set_aside.append(e)
                 continue
-            mode = e.assignment.representative_mode()
+            mode = e.mode
             if mode is AssignmentMode.NO_FIT:
                 self._pending(e, e.assignment.no_fit_reason(), e.message)
-                set_aside.append(wl.key)
+                set_aside.append(e)
                 continue
             if mode is AssignmentMode.PREEMPT and not e.targets:
                 self._pending(e, Reason.WAITING_FOR_QUOTA, e.message)
-                set_aside.append(wl.key)
+                set_aside.append(e)
                 if cq.spec.preemption.reclaim_within_cohort is not PreemptionPolicy.ANY:
-                    for fr, value in _reserve(e).items():
-                        if value > 0:
-                            add_usage(cq.node, fr, value)
-                            temporary.append((cq.node, fr, value))
+                    for fr, value in _reserve(e):
+                        add_usage(cq.node, fr, value)
+                        temporary.append((cq.node, fr, value))
                 continue
             if any(t.workload in preempted for t in e.targets):
                 self._pending(e, Reason.FAILED_AFTER_NOMINATION, OVERLAPPING_TARGETS)
@@ -475,14 +498,13 @@ class _Scheduler:
             progress = True
         for node, fr, value in reversed(temporary):
             remove_usage(node, fr, value)
-        for key in set_aside:
+        inadmissible = self.queues.inadmissible
+        for e in set_aside:
             # BestEffortFIFO: the head steps aside until quota is freed; StrictFIFO: it stays.
-            cq_name = self.decisions[key].cluster_queue
-            if cq_name is not None and (
-                self.snap.cluster_queues[cq_name].spec.queueing_strategy is QueueingStrategy.BEST_EFFORT_FIFO
-            ):
-                if key not in self.queues.inadmissible:
-                    self.queues.inadmissible.add(key)
+            if e.cq.spec.queueing_strategy is QueueingStrategy.BEST_EFFORT_FIFO:
+                key = e.wl.key
+                if key not in inadmissible:
+                    inadmissible.add(key)
                     progress = True
         return progress, issued
 
@@ -496,11 +518,22 @@ class _Scheduler:
                 self.snap.remove_workload(t.workload)
         if victims:
             self.queues.inadmissible.clear()
-            self.queues.pos = {cq: 0 for cq in self.queues.order}
+            self.queues.rewind()
 
     def result(self, cycles: int) -> CycleResult:
         self.snap.drop_caches()
-        return CycleResult(tuple(self.decisions[k] for k in self.order), self.snap, cycles)
+        decisions = self.decisions
+        queued_in = self.queued_in
+        out = []
+        for k in self.order:
+            d = decisions.get(k)
+            if d is None:
+                cq_name = queued_in[k]
+                d = Decision(
+                    k, WorkloadStatus.PENDING, cq_name, Reason.QUEUED, f"Queued in ClusterQueue {cq_name}"
+                )
+            out.append(d)
+        return CycleResult(tuple(out), self.snap, cycles)
 
 
 def schedule_cycle(snapshot: Snapshot, pending: Iterable[Workload], now: float) -> CycleResult:

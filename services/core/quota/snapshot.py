@@ -59,10 +59,11 @@ class AdmittedWorkload:
 class ClusterQueueState:
     """Per-ClusterQueue view in a snapshot: spec, tree node, admitted workloads."""
 
-    __slots__ = ("spec", "node", "workloads", "rg_by_resource", "inactive_reason", "root_key")
+    __slots__ = ("spec", "name", "node", "workloads", "rg_by_resource", "inactive_reason", "root_key", "plans")
 
     def __init__(self, spec: ClusterQueue, node: Node, inactive_reason: str | None) -> None:
         self.spec = spec
+        self.name = spec.name
         self.node = node
         self.workloads: dict[str, AdmittedWorkload] = {}
         self.rg_by_resource: dict[str, ResourceGroup] = {
@@ -71,10 +72,9 @@ class ClusterQueueState:
         self.inactive_reason = inactive_reason
         # key of the cohort tree (see Snapshot.root_name); set once the tree is linked
         self.root_key = spec.name
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
+        # FlavorAssigner's per-pod-set plans (requests and resource groups): they depend on
+        # the spec only, so copies share them
+        self.plans: dict[object, object] = {}
 
     def nominal(self, fr: FlavorResource) -> int:
         quota = self.node.quotas.get(fr)
@@ -249,6 +249,8 @@ class Snapshot:
         for name, cq in self.cluster_queues.items():
             state = ClusterQueueState.__new__(ClusterQueueState)
             state.spec = cq.spec
+            state.name = cq.name
+            state.plans = cq.plans
             state.node = clone(cq.node)
             state.workloads = dict(cq.workloads)
             state.rg_by_resource = cq.rg_by_resource
