@@ -386,6 +386,8 @@ class _Scheduler:
         now = self.now
         shapes = self.shapes
         entries: list[_Entry] = []
+        # nominations never change the admitted set, so each tree's memo stays valid for them
+        caches: dict[str, dict[object, object]] = {}
         for wl, cq in self.heads():
             e = _Entry(wl, cq)
             if not _namespace_matches(snap, cq, wl.namespace):
@@ -395,7 +397,9 @@ class _Scheduler:
                 # heads that failed after nomination) gets the same nomination: memoised
                 # and so does a workload with the same pod sets and the same standing as a
                 # preemptor (the nomination reads nothing else of the workload)
-                cache = snap.tree_cache(cq.root_key)
+                cache = caches.get(cq.root_key)
+                if cache is None:
+                    cache = caches[cq.root_key] = snap.tree_cache(cq.root_key)
                 newer = (
                     cq.spec.preemption.within_cluster_queue is PreemptionPolicy.LOWER_OR_NEWER_EQUAL_PRIORITY
                 )
