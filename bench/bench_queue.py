@@ -380,6 +380,14 @@ async def latency(bootstrap: str, tmp: Path, args) -> list[dict]:
             # least the wait above): a percentile that lands among them is reported as None.
             ranked = lat + [float("inf")] * (n - len(lat))
             lag = sorted(lags)
+            # By submission time, in 5 s slices: a latency that grows slice after slice means
+            # the worker falls behind the rate; a flat one means a fixed per-decision delay.
+            slices: dict[int, list[float]] = {}
+            for i, u in enumerate(uids):
+                if u in trail.decided and u in trail.validated:
+                    slices.setdefault(int(i / rate // 5), []).append(trail.decided[u][0] - trail.validated[u])
+            by_slice = [{"from_s": k * 5, "decided": len(v), "p50_ms": _pct(sorted(v), 0.5),
+                         "p99_ms": _pct(sorted(v), 0.99)} for k, v in sorted(slices.items())]
             results.append({
                 "scenario": "latency/ample" + (f"+lifetime{args.lifetime:g}s" if args.lifetime else ""),
                 "target_rps": rate,
@@ -393,6 +401,7 @@ async def latency(bootstrap: str, tmp: Path, args) -> list[dict]:
                 "max_ms": _finite(ranked[-1]) if ranked else None,
                 "decided_p99_ms": _pct(lat, 0.99),
                 "send_lag_p99_ms": round(_pct(lag, 0.99) * 1000, 2) if lag else None,
+                "by_5s_slice": by_slice,
                 "load_before": load_before,
                 "load_after": os.getloadavg(),
             })  # fmt: skip

@@ -7,6 +7,7 @@ state in `table()`s and stores it with `apply_once()`; it never talks to aiokafk
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -56,6 +57,13 @@ SEEN_WINDOW = 4096
 REWIND_RETRY_S = 1.0
 # How far a partition's stored cursor may trail events that changed no state.
 CURSOR_LAG_MAX = 1000
+# How long a batched agent's table value may be applied in memory before it is written to its
+# changelog, and how many events it may take in meanwhile (well inside SEEN_WINDOW, so that a
+# replay of them onto a newer state is recognised as duplicates). ADR 0014.
+STORE_INTERVAL_S = float(os.environ.get("QM_STORE_INTERVAL_S", 1.0))
+STORE_EVENTS_MAX = 1000
+# How long a revocation waits for the batch under way to finish and store.
+REVOKE_WAIT_S = float(os.environ.get("QM_REVOKE_WAIT_S", 5.0))
 # Largest record a service may write. A table value holds one cohort's whole queue state, which
 # passed Kafka's 1 MB default for a 100-queue cohort with thousands pending (the queue-manager
 # crashed with MessageSizeTooLargeError in the large-scale benchmark). Changelog topics are
@@ -65,41 +73,34 @@ MAX_RECORD_BYTES = int(os.environ.get("QM_MAX_RECORD_BYTES", 16 * 1024 * 1024))
 
 class _Batch:
     """What one batch of events has staged: output acknowledgements to wait for, and table
-    values to store once they have arrived."""
+    values to hand to the runtime once they have arrived."""
 
     def __init__(self, cursors: Any = None) -> None:
         self.acks: list[Any] = []
         self.writes: dict[tuple[int, str], tuple[Any, str, Any, Any]] = {}
         self.cursors = cursors  # the agent's applied-offset table
         self.next_offsets: dict[Any, tuple[int, Any]] = {}  # tp -> (next offset, last event)
+        self.first_offsets: dict[Any, int] = {}  # tp -> offset of the first event applied
 
     def staged(self, table: Any, key: str) -> Any:
         hit = self.writes.get((id(table), key))
         return hit[2] if hit else None
 
-    async def commit(self) -> None:
-        """Outputs acknowledged, then states written to their changelogs *and acknowledged*,
-        before the stream may move past (and later commit) these events. faust's own
-        `table[key] = value` only buffers the changelog record, and its flush before an offset
-        commit gives up after 100 ms, so a SIGKILL could commit offsets whose state was never
-        written: we wait for the changelog acks ourselves."""
-        for ack in self.acks:
-            await ack
-        changelog_acks = [_store(table, key, value, event) for table, key, value, event in self.writes.values()]
-        for ack in changelog_acks:
-            await ack
-        # Only once the states are stored may the cursor say their events are applied. A
-        # batch that stored nothing need not move the stored cursor (the worker checks with
-        # its own in memory); re-applying it after a restart stores nothing and re-sends outputs
-        # with the same ids. Bounded so a
-        # restart does not re-read a long run of such events.
-        cursor_acks = []
-        for tp, (offset, event) in self.next_offsets.items():
-            stored = self.cursors.data.get(str(tp.partition))
-            if self.writes or stored is None or offset - stored >= CURSOR_LAG_MAX:
-                cursor_acks.append(_store(self.cursors, str(tp.partition), offset, event))
-        for ack in cursor_acks:
-            await ack
+
+class _Unstored:
+    """A table value applied in memory whose changelog record is not written yet (ADR 0014)."""
+
+    __slots__ = ("table", "key", "value", "event", "owner", "tp", "first_offset", "since", "events", "version")
+
+    def __init__(self, table: Any, key: str, value: Any, event: Any, owner: int, first_offset: int,
+                 since: float) -> None:
+        self.table, self.key, self.value, self.event = table, key, value, event
+        self.owner = owner  # the agent that writes it (id of its applied-offset table)
+        self.tp = event.message.tp
+        self.first_offset = first_offset  # the first event applied to it after its last store
+        self.since = since
+        self.events = 1
+        self.version = 0
 
 
 def _store(table: Any, key: str, value: Any, event: Any) -> Any:
@@ -244,6 +245,12 @@ class ServiceRuntime:
         self.app.timer(REWIND_RETRY_S, name="retry_rewinds")(self._retry_rewinds)
         self._topics: dict[str, faust.TopicT] = {}
         self._seen_index: dict[tuple[int, str], tuple[list[str], set[str]]] = {}
+        self._unstored: dict[tuple[int, str], _Unstored] = {}
+        self._last_event: dict[Any, Any] = {}  # tp -> the last event applied (to route a cursor store)
+        self._in_flight: dict[int, int] = {}  # agent (id of its cursor table) -> batches under way
+        self.store_interval_s = STORE_INTERVAL_S
+        self.app.timer(max(STORE_INTERVAL_S, 0.1), name="store_idle")(self._store_idle)
+        self.app.on_partitions_revoked.connect(self._on_revoked)
         self.batch_size = int(os.environ.get("QM_BATCH_SIZE", 500))
         self.batch_within_s = float(os.environ.get("QM_BATCH_WITHIN_S", 0.02))
         self._register_pages()
@@ -318,7 +325,7 @@ class ServiceRuntime:
 
         async def agent(stream):
             async for events in batches(stream):
-                await runtime.process(events, handle, topic_name)
+                await runtime.process(events, handle, topic_name, defer=batched)
 
         agent.__name__ = agent_name or f"consume_{topic_name.replace('.', '_')}"
         self.app.agent(source, name=agent.__name__)(agent)
@@ -334,7 +341,9 @@ class ServiceRuntime:
             help=f"next offset of {name} to apply, per partition",
         )
 
-    async def process(self, events: list[Any], handle: Callable[[Any], Awaitable[None]], label: str) -> None:
+    async def process(
+        self, events: list[Any], handle: Callable[[Any], Awaitable[None]], label: str, *, defer: bool = False
+    ) -> None:
         """Apply a batch of events in offset order, then store what it staged, then let faust
         acknowledge it (ADR 0011).
 
@@ -347,6 +356,8 @@ class ServiceRuntime:
         cursors = self._cursor_tables.get(events[0].message.topic) if events else None
         batch = _Batch(cursors)
         token = _current_batch.set(batch)
+        owner = id(cursors)
+        self._in_flight[owner] = self._in_flight.get(owner, 0) + 1
         try:
             handled = []
             for event in events:
@@ -364,18 +375,149 @@ class ServiceRuntime:
                 await handle(event)
                 handled.append(event)
                 batch.next_offsets[tp] = (offset + 1, event)
-            if not all(self.is_current(event) for event in handled):
+                batch.first_offsets.setdefault(tp, offset)
+            if not all(self._still_owned(event) for event in handled):
                 # Its partitions may have moved and their tables been recovered anew. The
                 # outputs already sent are the ones the fold sends again, with the same ids.
+                # (Its in-place changes stay in memory: rare, since a revocation waits for the
+                # batch under way, see _store_before_revocation.)
                 REFETCHED_AFTER_REBALANCE.labels(self.settings.service, label).inc(len(handled))
                 return
-            await batch.commit()
-            # A rebalance during the commit resets the cursors from the stored ones, which this
-            # batch has just written: the same values.
-            self._next_offset.update({tp: offset for tp, (offset, _) in batch.next_offsets.items()})
+            await self._commit(batch, defer)
             self.app.qm_handled.update(event.message for event in handled)
         finally:
+            self._in_flight[owner] -= 1
             _current_batch.reset(token)
+
+    async def _commit(self, batch: _Batch, defer: bool) -> None:
+        """Outputs acknowledged first; then the batch's table values are applied in memory and
+        each written to its changelog once it is due (STORE_INTERVAL_S or STORE_EVENTS_MAX);
+        then the cursors, which never pass the first event of a value not yet stored.
+
+        faust's own `table[key] = value` only buffers the changelog record, and its flush before
+        an offset commit gives up after 100 ms, so a SIGKILL could commit offsets whose state
+        was never written: we write and wait for the changelog acks ourselves. A value that
+        was not stored when the worker died is rebuilt by replaying its events from the held
+        cursor: the fold sends the same outputs with the same ids again (ADR 0001)."""
+        for ack in batch.acks:
+            await ack
+        now = time.monotonic()
+        owner = id(batch.cursors)
+        for table, key, value, event in batch.writes.values():
+            # the batch's first event of the partition: the key's own first write in the batch
+            # is not kept, and this one is no later
+            first = batch.first_offsets.get(event.message.tp, event.message.offset)
+            self._note_unstored(table, key, value, event, owner, first, now)
+        for tp, (offset, _) in batch.next_offsets.items():
+            self._next_offset[tp] = offset
+            self._last_event[tp] = batch.next_offsets[tp][1]
+        # only an agent that is its tables' sole writer (`batched`) may leave values unstored
+        stored_tps = await self._store_due(now, owner, everything=not defer or self.store_interval_s <= 0)
+        await self._store_cursors(batch.cursors, batch.next_offsets, stored_tps)
+        await self._store_tps(stored_tps - batch.next_offsets.keys())  # values of other partitions
+
+    def _note_unstored(
+        self, table: Any, key: str, value: Any, event: Any, owner: int, first_offset: int, now: float
+    ) -> None:
+        table.data[key] = value
+        hit = self._unstored.get((id(table), key))
+        if hit is None:
+            self._unstored[(id(table), key)] = _Unstored(table, key, value, event, owner, first_offset, now)
+            return
+        hit.value, hit.event = value, event
+        hit.events += 1
+        hit.version += 1
+
+    async def _store_due(self, now: float, owner: int | None = None, *, everything: bool = False) -> set[Any]:
+        """Write the values that are due to their changelogs (all of `owner`'s with
+        `everything`) and wait for the acks. Returns the partitions whose values were written.
+
+        `owner` is the agent committing a batch (its folds are done). Another agent's values
+        are written only while it has no batch under way: a fold changes its state in place,
+        and a value must not be written half-way through an event that is not yet applied."""
+        in_flight = self._in_flight
+        due = [u for u in self._unstored.values()
+               if (u.owner == owner or not in_flight.get(u.owner))
+               and ((everything and u.owner == owner) or now - u.since >= self.store_interval_s
+                    or u.events >= STORE_EVENTS_MAX)]
+        if not due:
+            return set()
+        # What the table holds now: the value noted, unless a rebalance's recovery put the
+        # stored one back (then the held cursor replays onto it)
+        sent = [(u, u.version, _store(u.table, u.key, u.table.data.get(u.key, u.value), u.event)) for u in due]
+        for _, _, ack in sent:
+            await ack
+        for u, version, _ in sent:
+            # A batch that took the key on meanwhile keeps it unstored (from its old first
+            # offset: conservative, the next store catches up).
+            if u.version == version and self._unstored.get((id(u.table), u.key)) is u:
+                del self._unstored[(id(u.table), u.key)]
+        return {u.tp for u in due}
+
+    def _held_at(self, tp: Any) -> int | None:
+        """The first offset of the partition whose effect is not in a stored value, if any."""
+        firsts = [u.first_offset for u in self._unstored.values() if u.tp == tp]
+        return min(firsts) if firsts else None
+
+    async def _store_cursors(self, cursors: Any, next_offsets: dict[Any, tuple[int, Any]], stored_tps: set[Any]) -> None:
+        """Store each partition's cursor: the next offset to apply, held back to the first
+        event of a value not yet stored. Stored after values were written (so a restart does
+        not replay them), else only when it trails by CURSOR_LAG_MAX: re-applying events that
+        stored nothing after a restart stores nothing and re-sends outputs with the same ids."""
+        acks = []
+        for tp, (offset, event) in next_offsets.items():
+            held = self._held_at(tp)
+            target = offset if held is None else min(offset, held)
+            stored = cursors.data.get(str(tp.partition))
+            if stored is not None and target <= stored:
+                continue
+            if tp in stored_tps or stored is None or target - stored >= CURSOR_LAG_MAX:
+                acks.append(_store(cursors, str(tp.partition), target, event))
+        for ack in acks:
+            await ack
+
+    async def _store_idle(self, *_app: Any) -> None:
+        """Write values that became due while no batch came (a quiet stream), and their cursors."""
+        if self.app.rebalancing or not self._unstored:
+            return
+        now = time.monotonic()
+        if not any(now - u.since >= self.store_interval_s for u in self._unstored.values()):
+            return
+        tps = await self._store_due(now)
+        await self._store_tps(tps)
+
+    async def _store_tps(self, tps: set[Any]) -> None:
+        for tp in tps:
+            cursors = self._cursor_tables.get(tp.topic)
+            offset = self._next_offset.get(tp)
+            event = self._last_event.get(tp)
+            if cursors is not None and offset is not None and event is not None:
+                await self._store_cursors(cursors, {tp: (offset, event)}, {tp})
+
+    async def _on_revoked(self, _app: Any, revoked: Any = None, **_kwargs: Any) -> None:
+        await self._store_before_revocation(revoked)
+
+    async def _store_before_revocation(self, revoked: Any) -> None:
+        """Before partitions leave (faust's on_partitions_revoked), let the batch under way
+        finish and store (it applies no further event once the rebalance began), then write
+        everything unstored, so that the next owner of a partition (this worker again, maybe)
+        starts from stored values and cursors that agree.
+
+        Why wait: a fold changes its state in place, and a batch dropped half-way would leave
+        those changes in memory with their events unmarked; faust's recovery restores only
+        keys written since its last recovery, so a replay could apply them twice. If the batch
+        does not finish within REVOKE_WAIT_S the values of its agent are left unstored, and
+        the next owner replays from the held cursors."""
+        deadline = time.monotonic() + REVOKE_WAIT_S
+        while any(self._in_flight.values()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        if any(self._in_flight.values()):
+            self.log.warning("a batch was still under way when partitions were revoked; its values stay unstored",
+                             detail=f"waited {REVOKE_WAIT_S:g} s")
+        if not self._unstored:
+            return
+        tps = await self._store_due(float("inf"))  # every value whose agent is between batches
+        await self._store_tps(tps)
 
     async def _rewind(self, tp: Any, expected: int, got: int, label: str) -> None:
         """Read a partition again from the first offset not yet applied (once per gap; see
@@ -414,6 +556,8 @@ class ServiceRuntime:
         Called by the consumer after every assignment, once the tables are recovered."""
         self._next_offset.clear()
         self._rewinding.clear()
+        # Unstored values of partitions gone elsewhere are their new owner's to rebuild.
+        self._unstored = {k: u for k, u in self._unstored.items() if u.tp in committed}
         positions = {}
         for tp, offset in committed.items():
             cursors = self._cursor_tables.get(tp.topic)
@@ -424,6 +568,12 @@ class ServiceRuntime:
             if position is not None:
                 self._next_offset[tp] = positions[tp] = position
         return positions
+
+    def _still_owned(self, event: Any) -> bool:
+        """Whether the event's partition is still this worker's: fetched in the current
+        generation. A revocation under way still counts (the partitions are ours until the
+        revocation returns, and it waits for the batch under way to be stored)."""
+        return event.message.generation_id == self.app.consumer_generation_id
 
     def is_current(self, event: Any) -> bool:
         """Whether an event was fetched in the consumer group's current generation and no

@@ -3,13 +3,18 @@ which events a batch applies, passes over, or sends back to be read again."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+import weakref
 
 import pytest
+from faust.streams import _current_event
 from faust.types import TP
 
 from services.adapters.runtime import ServiceRuntime
 from services.adapters.settings import Settings
+from services.contracts.codec import make_envelope
+from services.contracts.events import WorkloadFinished
 
 
 class FakeConsumer:
@@ -118,3 +123,75 @@ async def test_a_rewind_without_a_re_read_is_sought_again_after_a_second(runtime
     clock[0] += 1.5
     await runtime._retry_rewinds()
     assert runtime.app.consumer.seeks == [(runtime.tp, 10), (runtime.tp, 10)]
+
+
+class FakeTable:
+    """Stands in for a faust Table: its data, and the changelog records sent."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.data: dict = {}
+        self.sent: list[tuple[str, object]] = []
+
+    def get(self, key):
+        return self.data.get(key)
+
+    def send_changelog(self, partition, key, value):
+        self.sent.append((key, value))
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+def counting_fold(state, envelope):
+    return (state or 0) + 1, []
+
+
+async def apply_each(runtime, table, key, batch):
+    for event in batch:
+        token = _current_event.set(weakref.ref(event))
+        try:
+            envelope = make_envelope(
+                WorkloadFinished(uid=f"u{event.message.offset}", namespace="ns", name="w", succeeded=True,
+                                 finished_at="2026-11-29T10:00:00Z"),
+                producer="test", occurred_at="2026-11-29T10:00:00Z", identity=(event.message.offset,),
+            )
+            await runtime.process([event], lambda e, env=envelope: runtime.apply_once(table, key, env, counting_fold),
+                                  "qm.workloads", defer=True)
+        finally:
+            _current_event.reset(token)
+
+
+async def test_a_value_not_yet_stored_holds_its_partitions_cursor_back_until_it_is(runtime):
+    """ADR 0014: values reach the changelog once a second; meanwhile the stored cursor stays at
+    the first event whose effect is only in memory, so a crash replays from there."""
+    cursors = FakeTable("cursors")
+    runtime._cursor_tables[runtime.tp.topic] = cursors
+    cohort = FakeTable("cohort")
+    runtime.store_interval_s = 60.0
+
+    await apply_each(runtime, cohort, "cohort-a", events(runtime, 0, 1, 2))
+    assert cohort.data["cohort-a"]["state"] == 3  # applied in memory
+    assert cohort.sent == []  # not written yet
+    assert cursors.data == {"0": 0}  # the first cursor ever, held at the first unstored event
+
+    runtime.store_interval_s = 0.0  # now due
+    await apply_each(runtime, cohort, "cohort-a", events(runtime, 3))
+    assert [(key, value["state"]) for key, value in cohort.sent] == [("cohort-a", 4)]
+    assert cursors.data == {"0": 4}  # everything up to offset 3 is stored
+
+
+async def test_a_quiet_stream_stores_what_is_due_on_the_timer(runtime):
+    cursors = FakeTable("cursors")
+    runtime._cursor_tables[runtime.tp.topic] = cursors
+    cohort = FakeTable("cohort")
+    runtime.store_interval_s = 60.0
+    await apply_each(runtime, cohort, "cohort-a", events(runtime, 0, 1))
+    assert cohort.sent == [] and cursors.data == {"0": 0}
+
+    await runtime._store_idle()
+    assert cohort.sent == []  # not due yet
+    runtime.store_interval_s = 0.0
+    await runtime._store_idle()
+    assert [(key, value["state"]) for key, value in cohort.sent] == [("cohort-a", 2)]
+    assert cursors.data == {"0": 2}
