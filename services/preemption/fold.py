@@ -17,6 +17,7 @@ one `action.evict.v1` per victim on qm.actions, with the victim's grace period.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -48,6 +49,7 @@ from services.core.quota import Workload as CoreWorkload
 from services.core.quota.flavors import AssignmentMode
 
 PRODUCER = "preemption"
+FORGET_EVERY_S = 60.0  # event time between walks that drop history past the horizon
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,12 @@ def _entry(workloads: dict, uid: str, namespace: str) -> dict:
 
 
 def _forget_old(state: dict, now: float, policy: PreemptionPolicy) -> None:
+    """Drop history past the policy's horizon. The policy counts only records inside its
+    windows, so this is housekeeping: done once per FORGET_EVERY_S of event time, not per
+    event (it walks every workload of the cohort; 11% of the service in kueue-baseline)."""
+    if now - state.get("forgot_at", float("-inf")) < FORGET_EVERY_S:
+        return
+    state["forgot_at"] = now
     horizon = now - policy.history_horizon_s
     for uid in list(state["workloads"]):
         entry = state["workloads"][uid]
@@ -160,9 +168,11 @@ def _record(state: dict, payload: PreemptionNeeded, answer: Answer, now: float) 
 # --------------------------------------------------------------------------- the decision
 
 
-def history_of(state: dict) -> History:
+def history_of(state: dict, uids: Iterable[str]) -> History:
+    """The preemption history the policy reads: of the given workloads, and per namespace."""
+    workloads = state["workloads"]
     return History(
-        preemptions={uid: tuple(r[0] for r in e["preempted"]) for uid, e in state["workloads"].items()},
+        preemptions={uid: tuple(r[0] for r in workloads[uid]["preempted"]) for uid in uids if uid in workloads},
         namespace_preemptions={ns: tuple(r[0] for r in rs) for ns, rs in state["namespaces"].items()},
     )
 
@@ -223,7 +233,7 @@ def decide(payload: PreemptionNeeded, state: dict, now: float, ctx: Context) -> 
     ]
     preemptor = Candidate(uid=p["uid"], namespace=p["namespace"], name=p["name"], priority=int(p["priority"]),
                           labels=p.get("labels") or {}, cluster_queue=p["cluster_queue"])
-    history = history_of(state)
+    history = history_of(state, [c.uid for c in candidates])
     allowed, blocked = filter_victims(candidates, preemptor, history, now, policy=ctx.policy)
     allowed_by_uid = {a.candidate.uid: a for a in allowed}
     blocked_by_uid = {b.candidate.uid: b for b in blocked}

@@ -149,3 +149,23 @@ def test_thrash_never_preempts_one_workload_more_than_the_cap_per_window():
         assert sum(1 for t in chosen if start <= t < start + 60) <= 3
     assert chosen == [0, 10, 20, 60, 70, 80, 120]
     assert "already preempted 3 times in the last 1h" in blocked[0]
+
+
+def test_history_past_the_horizon_is_dropped_once_a_minute_of_event_time_not_per_event():
+    state, _ = apply(None, needed("serving-team", "hi-0", "inference", 32, 1000,
+                                  [admitted("batch-team", "loop", "batch", 32, reserved=-7, running=-6)], 0), CTX)
+    assert state["workloads"]["uid-loop"]["preempted"]  # recorded at minute 0
+    finished = make_envelope(WorkloadFinished(uid="uid-other", namespace="batch-team", name="other", succeeded=True,
+                                              finished_at=at(30)), producer="watcher", occurred_at=at(30))
+    state, _ = apply(state, finished, CTX)
+    assert state["workloads"]["uid-loop"]["preempted"]  # inside the hour's horizon: kept
+    later = make_envelope(WorkloadFinished(uid="uid-other", namespace="batch-team", name="other", succeeded=True,
+                                           finished_at=at(61)), producer="watcher", occurred_at=at(61))
+    state, _ = apply(state, later, CTX)
+    assert "uid-loop" not in state["workloads"]  # past the horizon, and the last walk was > 60 s ago
+    walked = state["forgot_at"]
+    assert walked == datetime.fromisoformat(at(61)).timestamp()
+    state, _ = apply(state, make_envelope(WorkloadFinished(uid="uid-x", namespace="batch-team", name="x",
+                                                           succeeded=True, finished_at=at(61.5)),
+                                          producer="watcher", occurred_at=at(61.5)), CTX)
+    assert state["forgot_at"] == walked  # 30 s later: no walk
