@@ -408,9 +408,9 @@ class ServiceRuntime:
             # is not kept, and this one is no later
             first = batch.first_offsets.get(event.message.tp, event.message.offset)
             self._note_unstored(table, key, value, event, owner, first, now)
-        for tp, (offset, _) in batch.next_offsets.items():
+        for tp, (offset, last) in batch.next_offsets.items():
             self._next_offset[tp] = offset
-            self._last_event[tp] = batch.next_offsets[tp][1]
+            self._last_event[tp] = last
         # only an agent that is its tables' sole writer (`batched`) may leave values unstored
         stored_tps = await self._store_due(now, owner, everything=not defer or self.store_interval_s <= 0)
         await self._store_cursors(batch.cursors, batch.next_offsets, stored_tps)

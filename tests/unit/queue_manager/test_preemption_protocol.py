@@ -36,6 +36,16 @@ def validated(name, gpus, priority, cls, at=AT):
         producer="test", occurred_at=at)
 
 
+def answer_of(preemptor, at, *victims, policy="p", grace_period_s=30, blocked_message=None):
+    """The preemption service's answer for uid-<preemptor>: the named ml-team workloads of
+    gpu-queue as victims (none: blocked, or nothing needed)."""
+    return make_envelope(PreemptionVictimsSelected(
+        preemptor_uid=f"uid-{preemptor}", cohort="gpu-queue",
+        victims=[{"uid": f"uid-{v}", "namespace": "ml-team", "name": v, "cluster_queue": "gpu-queue",
+                  "reason": "InClusterQueue", "policy": policy, "grace_period_s": grace_period_s} for v in victims],
+        blocked_message=blocked_message), producer="preemption", occurred_at=at)
+
+
 def run(ctx, events, state=None):
     outputs = []
     for e in events:
@@ -57,11 +67,7 @@ def test_asks_once_with_the_snapshot_then_admits_the_preemptor_in_the_same_step(
     state, again = run(ctx, [validated("other", 1, 0, "batch", at="2026-11-29T10:01:30Z")], state)
     assert not [o for o in again if o.envelope.event_type == "preemption.needed.v1"]  # nothing changed
 
-    answer = make_envelope(PreemptionVictimsSelected(
-        preemptor_uid="uid-chat", cohort="gpu-queue",
-        victims=[{"uid": "uid-batch-a", "namespace": "ml-team", "name": "batch-a", "cluster_queue": "gpu-queue",
-                  "reason": "InClusterQueue", "policy": "inference-preempts-batch", "grace_period_s": 30}]),
-        producer="preemption", occurred_at="2026-11-29T10:02:00Z")
+    answer = answer_of("chat", "2026-11-29T10:02:00Z", "batch-a", policy="inference-preempts-batch")
     state, out = run(ctx, [answer], state)
     kinds = [o.envelope.event_type for o in out if o.topic == "qm.workloads"]
     assert kinds[:3] == ["workload.evicted.v1", "workload.released.v1", "workload.requeued.v1"]
@@ -75,9 +81,7 @@ def test_blocked_answer_leaves_the_preemptor_pending_with_the_policy_message(tmp
     state, _ = run(ctx, [validated("train", 32, 0, "training")])
     state, _ = run(ctx, [validated("chat", 8, 1000, "inference", at="2026-11-29T10:01:00Z")], state)
     message = "would need to preempt training job ml-team/train, which is not preemptible"
-    answer = make_envelope(PreemptionVictimsSelected(preemptor_uid="uid-chat", cohort="gpu-queue", victims=[],
-                                                     blocked_message=message),
-                           producer="preemption", occurred_at="2026-11-29T10:01:05Z")
+    answer = answer_of("chat", "2026-11-29T10:01:05Z", blocked_message=message)
     state, out = run(ctx, [answer, answer], state)
     pending = [o.envelope.payload for o in out if o.envelope.event_type == "workload.pending.v1"]
     assert [(p.reason, p.message) for p in pending] == [("PreemptionBlocked", message)]
@@ -100,8 +104,7 @@ def test_one_question_per_cluster_queue_is_in_flight_at_a_time(tmp_path):
 
     state, out = run(ctx, [validated("tick-ish", 1, 0, "batch", at="2026-11-29T10:01:20Z")], state)
     assert not any(o.envelope.event_type == "preemption.needed.v1" for o in out)  # chat-2 waits its turn
-    answer = make_envelope(PreemptionVictimsSelected(preemptor_uid="uid-chat-1", cohort="gpu-queue", victims=[]),
-                           producer="preemption", occurred_at="2026-11-29T10:01:30Z")
+    answer = answer_of("chat-1", "2026-11-29T10:01:30Z")
     state, out = run(ctx, [answer, finished], state)  # chat-1's (now moot) answer frees the queue's turn
     again = make_envelope(WorkloadFinished(uid="uid-batch-2", namespace="ml-team", name="batch-2", succeeded=False,
                                            finished_at="2026-11-29T10:01:40Z"),
@@ -145,10 +148,7 @@ def test_a_victim_reserved_again_at_the_same_moment_gets_events_of_its_own(tmp_p
     ctx = dataclasses.replace(config(tmp_path), backoff_base_s=0)  # requeued victims may return at once
     state, first = run(ctx, [validated("train", 16, 0, "training"), validated("batch-a", 8, 0, "batch"),
                              validated("batch-b", 8, 0, "batch"), validated("chat", 8, 1000, "inference")])
-    answer = make_envelope(PreemptionVictimsSelected(
-        preemptor_uid="uid-chat", cohort="gpu-queue",
-        victims=[{"uid": "uid-batch-a", "namespace": "ml-team", "name": "batch-a", "cluster_queue": "gpu-queue",
-                  "reason": "InClusterQueue", "policy": "p", "grace_period_s": 0}]), producer="preemption", occurred_at=AT)
+    answer = answer_of("chat", AT, "batch-a", grace_period_s=0)
     done = make_envelope(WorkloadFinished(uid="uid-batch-b", namespace="ml-team", name="batch-b", succeeded=True,
                                           finished_at=AT), producer="test", occurred_at=AT)
     state, later = run(ctx, [answer, done], state)
@@ -171,11 +171,7 @@ def test_victims_of_an_answer_that_came_too_late_still_give_their_quota_back(tmp
                          producer="test", occurred_at="2026-11-29T10:01:05Z")
     state, _ = run(ctx, [done], state)
     assert "uid-chat" in state["admitted"]  # admitted before the answer came
-    answer = make_envelope(PreemptionVictimsSelected(
-        preemptor_uid="uid-chat", cohort="gpu-queue",
-        victims=[{"uid": "uid-batch-0", "namespace": "ml-team", "name": "batch-0", "cluster_queue": "gpu-queue",
-                  "reason": "InClusterQueue", "policy": "p", "grace_period_s": 30}]),
-        producer="preemption", occurred_at="2026-11-29T10:01:10Z")
+    answer = answer_of("chat", "2026-11-29T10:01:10Z", "batch-0")
     state, out = run(ctx, [answer], state)
     kinds = [o.envelope.event_type for o in out if o.topic == "qm.workloads"]
     assert kinds[:3] == ["workload.evicted.v1", "workload.released.v1", "workload.requeued.v1"]
