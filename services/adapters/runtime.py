@@ -420,28 +420,42 @@ class ServiceRuntime:
         self, table: Any, key: str, value: Any, event: Any, owner: int, first_offset: int, now: float
     ) -> None:
         table.data[key] = value
-        hit = self._unstored.get((id(table), key))
+        slot = (id(table), key)
+        # A value applied again moves to the end: values are written in the order they were
+        # last applied, so a fold's own bookkeeping record, staged last, is written last.
+        hit = self._unstored.pop(slot, None)
         if hit is None:
-            self._unstored[(id(table), key)] = _Unstored(table, key, value, event, owner, first_offset, now)
+            self._unstored[slot] = _Unstored(table, key, value, event, owner, first_offset, now)
             return
         hit.value, hit.event = value, event
         hit.events += 1
         hit.version += 1
+        self._unstored[slot] = hit
 
     async def _store_due(self, now: float, owner: int | None = None, *, everything: bool = False) -> set[Any]:
         """Write the values that are due to their changelogs (all of `owner`'s with
         `everything`) and wait for the acks. Returns the partitions whose values were written.
 
+        Once one value of a partition is due, every unstored value of that partition is
+        written with it, in the order they were last applied: the changelog then holds the
+        partition's state as of one batch boundary. A fold that tells applied events by one
+        record (the cost ledger's cohort record, `pos`) would otherwise skip, on replay, events
+        whose effect was only in a value not yet written (seen in CI: a SIGKILLed cost service
+        lost the rows of every workload whose book missed the replayed events).
+
         `owner` is the agent committing a batch (its folds are done). Another agent's values
         are written only while it has no batch under way: a fold changes its state in place,
-        and a value must not be written half-way through an event that is not yet applied."""
+        and a value must not be written half-way through an event that is not yet applied.
+        (A partition's values all belong to the one agent that consumes its topic.)"""
         in_flight = self._in_flight
-        due = [u for u in self._unstored.values()
-               if (u.owner == owner or not in_flight.get(u.owner))
-               and ((everything and u.owner == owner) or now - u.since >= self.store_interval_s
-                    or u.events >= STORE_EVENTS_MAX)]
-        if not due:
+        interval = self.store_interval_s
+        due_tps = {u.tp for u in self._unstored.values()
+                   if (u.owner == owner or not in_flight.get(u.owner))
+                   and ((everything and u.owner == owner) or now - u.since >= interval
+                        or u.events >= STORE_EVENTS_MAX)}
+        if not due_tps:
             return set()
+        due = [u for u in self._unstored.values() if u.tp in due_tps]
         # What the table holds now: the value noted, unless a rebalance's recovery put the
         # stored one back (then the held cursor replays onto it)
         sent = [(u, u.version, _store(u.table, u.key, u.table.data.get(u.key, u.value), u.event)) for u in due]
@@ -452,7 +466,7 @@ class ServiceRuntime:
             # offset: conservative, the next store catches up).
             if u.version == version and self._unstored.get((id(u.table), u.key)) is u:
                 del self._unstored[(id(u.table), u.key)]
-        return {u.tp for u in due}
+        return due_tps
 
     def _held_at(self, tp: Any) -> int | None:
         """The first offset of the partition whose effect is not in a stored value, if any."""

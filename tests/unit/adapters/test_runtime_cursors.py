@@ -147,7 +147,9 @@ def counting_fold(state, envelope):
     return (state or 0) + 1, []
 
 
-async def apply_each(runtime, table, key, batch):
+async def apply_each(runtime, table, keys, batch):
+    """Each event, as a batch of its own, folded into every key of `keys` (a key or a list, in order)."""
+    keys = [keys] if isinstance(keys, str) else keys
     for event in batch:
         token = _current_event.set(weakref.ref(event))
         try:
@@ -156,8 +158,12 @@ async def apply_each(runtime, table, key, batch):
                                  finished_at="2026-11-29T10:00:00Z"),
                 producer="test", occurred_at="2026-11-29T10:00:00Z", identity=(event.message.offset,),
             )
-            await runtime.process([event], lambda e, env=envelope: runtime.apply_once(table, key, env, counting_fold),
-                                  "qm.workloads", defer=True)
+
+            async def fold_into_each_key(_event, envelope=envelope):
+                for key in keys:
+                    await runtime.apply_once(table, key, envelope, counting_fold)
+
+            await runtime.process([event], fold_into_each_key, "qm.workloads", defer=True)
         finally:
             _current_event.reset(token)
 
@@ -195,3 +201,25 @@ async def test_a_quiet_stream_stores_what_is_due_on_the_timer(runtime):
     await runtime._store_idle()
     assert [(key, value["state"]) for key, value in cohort.sent] == [("cohort-a", 2)]
     assert cursors.data == {"0": 2}
+
+
+async def test_a_partitions_values_are_written_together_in_the_order_last_applied(runtime, monkeypatch):
+    """When one value of a partition falls due, all of its unstored values are written with it,
+    so the changelog holds the partition as of one batch boundary. The cost ledger tells
+    applied events by its cohort record alone: written without a workload's book, a replay
+    skipped the events only that book had seen (a SIGKILL replay lost rows)."""
+    clock = [100.0]
+    monkeypatch.setattr("services.adapters.runtime.time.monotonic", lambda: clock[0])
+    cursors = FakeTable("cursors")
+    runtime._cursor_tables[runtime.tp.topic] = cursors
+    ledger = FakeTable("ledger")
+    runtime.store_interval_s = 1.0
+
+    await apply_each(runtime, ledger, ["cohort|ml"], events(runtime, 0))
+    clock[0] = 100.5
+    await apply_each(runtime, ledger, ["book-a", "cohort|ml"], events(runtime, 1))  # book first, cohort record last
+    assert ledger.sent == []
+    clock[0] = 101.2  # the cohort record is due, the book (first applied at 100.5) is not
+    await apply_each(runtime, ledger, ["cohort|ml"], events(runtime, 2))
+    assert [(key, value["state"]) for key, value in ledger.sent] == [("book-a", 1), ("cohort|ml", 3)]
+    assert cursors.data == {"0": 3}
