@@ -9,8 +9,10 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -81,3 +83,27 @@ def start_worker(module: str, env: dict[str, str], log_path: Path, loglevel: str
         stderr=subprocess.STDOUT,
     )
     return Worker(process, port, log_path)
+
+
+async def kill_when_written(
+    worker: Worker, bootstrap: str, topic: str, records: int, timeout_s: float = 240,
+    counts: Callable[[Any], bool] = lambda _record: True,
+) -> int:
+    """SIGKILL the worker as soon as `records` records (those that `counts`) are on the topic,
+    and return how many were seen. The topic is followed, not polled: a fast worker finishes a
+    whole test stream between two polls."""
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
+    await consumer.start()
+    seen, deadline = 0, time.monotonic() + timeout_s
+    try:
+        while seen < records:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"only {seen} of {records} records on {topic} before the kill; log:\n{worker.log()}")
+            batch = await consumer.getmany(timeout_ms=20)
+            seen += sum(1 for batch_records in batch.values() for record in batch_records if counts(record))
+        worker.kill()
+        return seen
+    finally:
+        await consumer.stop()

@@ -15,7 +15,7 @@ from services.adapters.kueue_config import KueueConfig
 from services.contracts.codec import make_envelope
 from services.contracts.events import ClockTick, NodeCapacity, PodRunning, WorkloadFinished, WorkloadValidated
 from services.queue_manager.state import Context, apply
-from tests.integration.processes import start_worker
+from tests.integration.processes import kill_when_written, start_worker
 from tests.integration.test_worker_recovery import wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -159,19 +159,27 @@ def held_reservations(trail) -> set[str]:
 
 def uninterrupted(config_dir: Path, burst) -> set[str]:
     """The reservations one uninterrupted fold per cohort ends with: the reference."""
+    return uninterrupted_run(config_dir, burst)[0]
+
+
+def uninterrupted_run(config_dir: Path, burst) -> tuple[set[str], int]:
+    """The reservations one uninterrupted fold per cohort ends with, and how many
+    QuotaReserved it publishes on the way."""
     cfg = KueueConfig.load(config_dir)
     ctx = Context(objects=cfg.objects, node_labels=cfg.node_labels())
     states: dict[str, dict] = {}
+    reservations = 0
     for key, envelope in burst:
-        states[key], _ = apply(states.get(key), envelope, ctx)
-    return {uid for state in states.values() for uid in state["admitted"]}
+        states[key], outputs = apply(states.get(key), envelope, ctx)
+        reservations += sum(o.envelope.event_type == "workload.quota_reserved.v1" for o in outputs)
+    return {uid for state in states.values() for uid in state["admitted"]}, reservations
 
 
 async def test_two_replicas_and_a_sigkill_in_a_5000_burst_keep_every_invariant(kafka_bootstrap, topic_prefix, tmp_path):
     config = tmp_path / "config"
     cohort_config(config, cohorts=5)
     burst = burst_events(cohorts=5, submissions=5000)
-    expected = uninterrupted(config, burst)
+    expected, reservations = uninterrupted_run(config, burst)
     environment = env(topic_prefix, tmp_path, config)
     async with Publisher(kafka_bootstrap, topic_prefix) as bus:
         for key, e in burst:
@@ -185,12 +193,11 @@ async def test_two_replicas_and_a_sigkill_in_a_5000_burst_keep_every_invariant(k
         first.wait_ready()
         second.wait_ready()
 
-        async def some_decisions():
-            trail = await events_on(kafka_bootstrap, topic_prefix + "qm.workloads")
-            return sum(e.event_type == "workload.quota_reserved.v1" for e in trail) >= 200
-
-        await wait_for(some_decisions, 120, "the first decisions")
-        first.kill()
+        await kill_when_written(first, kafka_bootstrap, topic_prefix + "qm.workloads", 200, timeout_s=120,
+                                counts=lambda record: b'"workload.quota_reserved.v1"' in record.value)
+        reserved_at_kill = sum(e.event_type == "workload.quota_reserved.v1"
+                               for e in await events_on(kafka_bootstrap, topic_prefix + "qm.workloads"))
+        assert reserved_at_kill < reservations, "killed after the burst was decided: nothing left to recover"
         restarted = start_worker("services.queue_manager", environment, tmp_path / "qm-a2.log")
         restarted.wait_ready()
         diff = {}

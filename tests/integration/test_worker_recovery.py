@@ -18,7 +18,7 @@ import pytest
 from services.adapters.bus import DLQ_ERROR, Publisher, read_envelopes, read_topic
 from services.contracts.codec import event_id_for, make_envelope
 from services.contracts.events import WorkloadPending, WorkloadQuotaReserved, WorkloadReleased
-from tests.integration.processes import start_worker
+from tests.integration.processes import kill_when_written, start_worker
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 NAMESPACES = [f"team-{i}" for i in range(8)]
@@ -104,11 +104,7 @@ async def test_sigkill_mid_stream_loses_nothing_and_applies_nothing_twice(
     try:
         worker.wait_ready()
 
-        async def some_progress():
-            return await distinct_outputs(kafka_bootstrap, topic_prefix + "qm.usage") >= 300
-
-        await wait_for(some_progress, 90, "the first worker to apply 300 events")
-        worker.kill()
+        await kill_when_written(worker, kafka_bootstrap, topic_prefix + "qm.usage", 300, timeout_s=90)
         applied = await distinct_outputs(kafka_bootstrap, topic_prefix + "qm.usage")
         assert applied < len(events), "killed too late to test anything"
         at_kill = await changelog_table(kafka_bootstrap, changelog)
