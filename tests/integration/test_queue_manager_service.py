@@ -3,6 +3,7 @@ through qm.clock, running through qm.cluster, and SIGKILL in the middle of a bur
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -181,10 +182,12 @@ async def test_two_replicas_and_a_sigkill_in_a_5000_burst_keep_every_invariant(k
     burst = burst_events(cohorts=5, submissions=5000)
     expected, reservations = uninterrupted_run(config, burst)
     environment = env(topic_prefix, tmp_path, config)
-    async with Publisher(kafka_bootstrap, topic_prefix) as bus:
-        for key, e in burst:
-            await bus.publish("qm.workloads", key, e)
-        await bus.flush()
+
+    async def publish(events):
+        async with Publisher(kafka_bootstrap, topic_prefix) as bus:
+            for key, e in events:
+                await bus.publish("qm.workloads", key, e)
+            await bus.flush()
 
     first = start_worker("services.queue_manager", environment, tmp_path / "qm-a1.log")
     second = start_worker("services.queue_manager", environment, tmp_path / "qm-b.log")
@@ -192,12 +195,17 @@ async def test_two_replicas_and_a_sigkill_in_a_5000_burst_keep_every_invariant(k
     try:
         first.wait_ready()
         second.wait_ready()
-
-        await kill_when_written(first, kafka_bootstrap, topic_prefix + "qm.workloads", 200, timeout_s=120,
-                                counts=lambda record: b'"workload.quota_reserved.v1"' in record.value)
+        # The first half streams in while both replicas decide; one dies at the 200th
+        # reservation, and the second half arrives while its partitions have no owner.
+        killed = asyncio.create_task(kill_when_written(
+            first, kafka_bootstrap, topic_prefix + "qm.workloads", 200, timeout_s=120,
+            counts=lambda record: b'"workload.quota_reserved.v1"' in record.value))
+        await publish(burst[: len(burst) // 2])
+        await killed
         reserved_at_kill = sum(e.event_type == "workload.quota_reserved.v1"
                                for e in await events_on(kafka_bootstrap, topic_prefix + "qm.workloads"))
         assert reserved_at_kill < reservations, "killed after the burst was decided: nothing left to recover"
+        await publish(burst[len(burst) // 2:])
         restarted = start_worker("services.queue_manager", environment, tmp_path / "qm-a2.log")
         restarted.wait_ready()
         diff = {}
