@@ -656,7 +656,16 @@ def _drain(state: dict, ctx: Context, emit: _Emitter, only: list[str] | None = N
     # served), so make it Kueue's queue order, not the order the workloads were looked up in.
     eligible.sort(key=lambda w: (-w["priority"], _pending_view(w)[3]))
     by_key = {f"{w['namespace']}/{w['name']}": w for w in eligible}
-    result = drain(snapshot, [_core_workload(w) for w in eligible], now)
+    try:
+        result = drain(snapshot, [_core_workload(w) for w in eligible], now, in_place=True)
+        # The drain admitted into the index's own snapshot; take them back: each is added
+        # again below (_admit) unless no node can hold it.
+        for decision in result.decisions:
+            if decision.status is WorkloadStatus.ADMITTED:
+                snapshot.remove_workload(decision.workload)
+    except BaseException:
+        _INDEXES.pop(ctx.cache_key, None)  # half-way through a drain: rebuilt from the state next time
+        raise
     touched = set()
     for decision in result.decisions:
         workload = by_key[decision.workload]

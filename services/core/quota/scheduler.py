@@ -319,8 +319,8 @@ def _reserve(e: _Entry) -> list[tuple[tuple[str, str], int]]:
 
 
 class _Scheduler:
-    def __init__(self, snapshot: Snapshot, pending: Iterable[Workload], now: float) -> None:
-        self.snap = snapshot.copy()
+    def __init__(self, snapshot: Snapshot, pending: Iterable[Workload], now: float, in_place: bool = False) -> None:
+        self.snap = snapshot if in_place else snapshot.copy()
         self.now = now
         self.queues = _Queues()
         self.decisions: dict[str, Decision] = {}
@@ -558,14 +558,19 @@ def run_cycles(snapshot: Snapshot, pending: Iterable[Workload], now: float, cycl
 
 
 def drain(
-    snapshot: Snapshot, pending: Iterable[Workload], now: float, max_cycles: int | None = None
+    snapshot: Snapshot, pending: Iterable[Workload], now: float, max_cycles: int | None = None,
+    *, in_place: bool = False,
 ) -> CycleResult:
     """Cycles until nothing changes: everything that fits is admitted in one pass.
 
     Preemptions are decided (status Preempting) but not carried out: victims keep their
     quota until the caller removes them from the snapshot.
+
+    `in_place`: work on `snapshot` itself instead of a copy; it ends as the result's snapshot,
+    with exactly the admitted workloads added. For a caller that keeps one snapshot per cohort
+    and takes them back (copying it was O(admitted workloads) per event in the queue-manager).
     """
-    sched = _Scheduler(snapshot, pending, now)
+    sched = _Scheduler(snapshot, pending, now, in_place)
     ran = 0
     while max_cycles is None or ran < max_cycles:
         ran += 1
