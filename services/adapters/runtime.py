@@ -27,7 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
 from services.adapters import logs
 from services.adapters.bus import dlq_headers
-from services.adapters.gc_tuning import tune_gc
+from services.adapters.gc_tuning import freeze_startup_objects, tune_gc
 from services.adapters.settings import Settings
 from services.contracts.codec import ContractError, Envelope, decode, encode
 from services.contracts.schemas import topic_specs
@@ -264,6 +264,7 @@ class ServiceRuntime:
         # 129 -> 84 ms going from 20 to 5 ms, throughput unchanged).
         self.batch_within_s = float(os.environ.get("QM_BATCH_WITHIN_S", 0.005))
         self._register_pages()
+        self.app.task(self._freeze_startup_objects)
 
     # -- topics -------------------------------------------------------------------------
 
@@ -517,6 +518,10 @@ class ServiceRuntime:
             event = self._last_event.get(tp)
             if cursors is not None and offset is not None and event is not None:
                 await self._store_cursors(cursors, {tp: (offset, event)}, {tp})
+
+    async def _freeze_startup_objects(self, *_app: Any) -> None:
+        frozen = freeze_startup_objects()
+        self.log.info("start-up objects frozen out of the collector's scans", detail=f"{frozen} objects (ADR 0013)")
 
     async def _on_revoked(self, _app: Any, revoked: Any = None, **_kwargs: Any) -> None:
         await self._store_before_revocation(revoked)

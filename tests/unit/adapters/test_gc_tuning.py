@@ -23,3 +23,15 @@ def test_env_override_restores_cpython_defaults():
 def test_bad_override_names_the_variable_and_the_expected_form(raw):
     with pytest.raises(ValueError, match=r"QM_GC_THRESHOLD=.*three non-negative integers like '50000,10,10'"):
         thresholds_from_env({"QM_GC_THRESHOLD": raw})
+
+
+def test_start_up_objects_leave_the_collectors_scans():
+    import gc
+
+    from services.adapters.gc_tuning import freeze_startup_objects
+
+    try:
+        frozen = freeze_startup_objects()
+        assert frozen == gc.get_freeze_count() > 1000  # at least the imported modules' objects
+    finally:
+        gc.unfreeze()
