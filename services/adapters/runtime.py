@@ -29,7 +29,7 @@ from services.adapters import logs
 from services.adapters.bus import dlq_headers
 from services.adapters.gc_tuning import freeze_startup_objects, tune_gc
 from services.adapters.settings import Settings
-from services.contracts.codec import ContractError, Envelope, decode, encode
+from services.contracts.codec import RECORD_TYPES, ContractError, Envelope, encode, from_document, parse
 from services.contracts.schemas import topic_specs
 
 MESSAGES_CONSUMED = Counter("qm_messages_consumed_total", "Messages read from the bus", ["service", "topic"])
@@ -120,6 +120,18 @@ def _store(table: Any, key: str, value: Any, event: Any) -> Any:
         return ack
     finally:
         _faust_current_event.reset(token)
+
+
+def read_envelope(value: bytes, wanted: frozenset[str] | None) -> Envelope | None:
+    """The envelope of a message, or None for a well-formed one of a known event type that is
+    not `wanted` (passed over unvalidated). Raises ContractError for anything unreadable,
+    including an unknown event type."""
+    document = parse(value)
+    if wanted is not None and isinstance(document, dict):
+        event_type = document.get("event_type")
+        if event_type not in wanted and event_type in RECORD_TYPES:
+            return None
+    return from_document(document)
 
 
 _current_batch: ContextVar[_Batch | None] = ContextVar("qm_batch", default=None)
@@ -283,13 +295,20 @@ class ServiceRuntime:
         return self._topics[name]
 
     def consume(
-        self, topic_name: str, handler: Handler, *, agent_name: str | None = None, batched: bool = False
+        self, topic_name: str, handler: Handler, *, agent_name: str | None = None, batched: bool = False,
+        reads: Iterable[type] | None = None,
     ) -> None:
         """Run `handler(envelope, event)` for every readable message of a topic.
 
         `batched=True` stages table writes per batch of up to QM_BATCH_SIZE events: only for
         an agent that is the sole writer of its tables (another agent would not see the
         staged values).
+
+        `reads`: the payload types the handler acts on. Messages of any other known event
+        type are passed over once parsed, without schema validation or a payload object (a
+        service reads every record of a shared topic such as qm.workloads, most of them
+        written for someone else; their validation was a tenth of a service's time). What
+        cannot be parsed, or names an unknown event type, is still dead-lettered.
 
         Unreadable or invalid messages go to `<topic>.dlq` with the reason in headers, and
         the stream goes on. A handler's unexpected exception dead-letters that message too
@@ -305,9 +324,13 @@ class ServiceRuntime:
             finally:
                 _faust_current_event.reset(token)
 
+        wanted = None if reads is None else frozenset(record.EVENT_TYPE for record in reads)
+
         async def handle_current(event) -> None:
             try:
-                envelope = decode(event.value)
+                envelope = read_envelope(event.value, wanted)
+                if envelope is None:
+                    return  # a known event this handler does not read
             except ContractError as error:
                 await runtime.dead_letter(topic_name, event, f"contract: {error}", kind="contract")
                 return

@@ -118,11 +118,15 @@ def encode(envelope: Envelope) -> bytes:
 
 def decode(data: bytes | str) -> Envelope:
     """Parse and validate leniently. Raises ContractError for anything unreadable."""
+    return from_document(parse(data))
+
+
+def parse(data: bytes | str) -> Any:
+    """The JSON document of a message, unvalidated. Raises ContractError if it is not JSON."""
     try:
-        document = orjson.loads(data)
+        return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise ContractError("message", f"not valid JSON ({exc})") from None
-    return from_document(document)
 
 
 def from_document(document: Any) -> Envelope:

@@ -35,6 +35,7 @@ from services.adapters.runtime import (
 )
 from services.adapters.settings import Settings
 from services.contracts.codec import Envelope, decode
+from services.contracts.events import RECORD_TYPES
 from services.contracts.schemas import topic_specs
 from services.cost_accounting.allocation import AllocationError, aggregate, compact_row, rows_of
 from services.cost_accounting.budgets import budget_step
@@ -135,7 +136,8 @@ async def on_workload_event(envelope: Envelope, event) -> None:
         raise
 
 
-runtime.consume("qm.workloads", on_workload_event, agent_name="fold_ledger", batched=True)
+runtime.consume("qm.workloads", on_workload_event, agent_name="fold_ledger", batched=True,
+                reads=[RECORD_TYPES[t] for t in FOLDED_TYPES])
 
 
 # -- 2. allocation view and budgets ----------------------------------------------------------
@@ -162,7 +164,8 @@ async def on_ledger_row(envelope: Envelope, event) -> None:
         allocation_table[row_id] = value
 
 
-runtime.consume("qm.billing", on_ledger_row, agent_name="index_ledger_rows", batched=True)
+runtime.consume("qm.billing", on_ledger_row, agent_name="index_ledger_rows", batched=True,
+                reads=[RECORD_TYPES["billing.ledger_row.v1"]])
 
 
 def _budget_fold(state, envelope: Envelope):

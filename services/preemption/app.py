@@ -91,8 +91,8 @@ async def on_workload_event(envelope: Envelope, event) -> None:
     await _apply(key, envelope)
 
 
-runtime.consume("qm.preemption", on_preemption_event)
-runtime.consume("qm.workloads", on_workload_event)
+runtime.consume("qm.preemption", on_preemption_event, reads=[PreemptionNeeded])
+runtime.consume("qm.workloads", on_workload_event, reads=LIFECYCLE)
 
 
 @runtime.app.page("/history")

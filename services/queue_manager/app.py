@@ -255,8 +255,8 @@ async def follow_live_state() -> None:
     await live.run()
 
 
-runtime.consume("qm.workloads", on_workload_event, batched=True)  # the cohort table's only writer
-runtime.consume("qm.preemption", on_preemption_event)
+runtime.consume("qm.workloads", on_workload_event, batched=True, reads=fold.FOLDED)  # the cohort table's only writer
+runtime.consume("qm.preemption", on_preemption_event, reads=[PreemptionVictimsSelected])
 runtime.consume("qm.cluster", on_cluster_event)
 runtime.consume("qm.clock", on_clock_tick)
 

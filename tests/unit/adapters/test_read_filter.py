@@ -1,0 +1,41 @@
+"""What a service passes over unread on a shared topic, and what it still dead-letters."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from services.adapters.runtime import read_envelope
+from services.contracts.codec import ContractError, encode, make_envelope
+from services.contracts.events import ClockTick, WorkloadFinished
+
+FINISHED = encode(make_envelope(
+    WorkloadFinished(uid="u1", namespace="ns", name="w", succeeded=True, finished_at="2026-11-29T10:00:00Z"),
+    producer="test", occurred_at="2026-11-29T10:00:00Z",
+))
+READS_FINISHES = frozenset({WorkloadFinished.EVENT_TYPE})
+
+
+def test_a_wanted_event_is_read_and_validated():
+    envelope = read_envelope(FINISHED, READS_FINISHES)
+    assert envelope is not None and envelope.payload.uid == "u1"
+
+
+def test_a_known_event_the_handler_does_not_read_is_passed_over():
+    tick = encode(make_envelope(ClockTick(at="2026-11-29T10:00:00Z", source="test"), producer="test",
+                                occurred_at="2026-11-29T10:00:00Z"))
+    assert read_envelope(tick, READS_FINISHES) is None
+    assert read_envelope(tick, None).payload.source == "test"  # without a filter, everything is read
+
+
+def test_unreadable_messages_are_still_refused_whatever_the_filter():
+    with pytest.raises(ContractError, match="not valid JSON"):
+        read_envelope(b"{not json", READS_FINISHES)
+    unknown = orjson.loads(FINISHED)
+    unknown["event_type"] = "workload.teleported.v1"
+    with pytest.raises(ContractError, match="unknown event type"):
+        read_envelope(orjson.dumps(unknown), READS_FINISHES)
+    broken = orjson.loads(FINISHED)
+    del broken["payload"]["uid"]
+    with pytest.raises(ContractError, match="uid"):
+        read_envelope(orjson.dumps(broken), READS_FINISHES)
