@@ -528,10 +528,7 @@ class ServiceRuntime:
         """Write values that became due while no batch came (a quiet stream), and their cursors."""
         if self.app.rebalancing or not self._unstored:
             return
-        now = time.monotonic()
-        if not any(now - u.since >= self.store_interval_s for u in self._unstored.values()):
-            return
-        tps = await self._store_due(now)
+        tps = await self._store_due(time.monotonic())  # decides what is due (staggered per partition)
         await self._store_tps(tps)
 
     async def _store_tps(self, tps: set[Any]) -> None:

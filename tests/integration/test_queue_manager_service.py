@@ -158,11 +158,6 @@ def held_reservations(trail) -> set[str]:
     return reserved - {e.payload.uid for e in trail if e.event_type == "workload.released.v1"}
 
 
-def uninterrupted(config_dir: Path, burst) -> set[str]:
-    """The reservations one uninterrupted fold per cohort ends with: the reference."""
-    return uninterrupted_run(config_dir, burst)[0]
-
-
 def uninterrupted_run(config_dir: Path, burst) -> tuple[set[str], int]:
     """The reservations one uninterrupted fold per cohort ends with, and how many
     QuotaReserved it publishes on the way."""
