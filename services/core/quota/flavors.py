@@ -209,7 +209,7 @@ def _selector_matches(flavor: ResourceFlavor, node_selector: tuple[tuple[str, st
 class FlavorAssigner:
     """Assigns flavors for one workload in one ClusterQueue of a snapshot."""
 
-    __slots__ = ("cq", "flavors", "pod_sets", "oracle", "can_preempt_while_borrowing", "memo")
+    __slots__ = ("cq", "flavors", "pod_sets", "oracle", "can_preempt_while_borrowing", "memo", "oracle_asked")
 
     def __init__(
         self,
@@ -225,8 +225,11 @@ class FlavorAssigner:
         self.pod_sets = pod_sets
         self.oracle = oracle
         # memo: (dict valid for the current snapshot state, key of the oracle's inputs): a
-        # resource group's flavor search is pure in (state, oracle, requests, assumed usage)
+        # resource group's flavor search is pure in (state, oracle, requests, assumed usage);
+        # one that never asked the oracle is pure in (state, ClusterQueue, requests, assumed
+        # usage): whether the oracle is asked does not depend on the preemptor
         self.memo = memo
+        self.oracle_asked = 0
         pre = cq.spec.preemption
         self.can_preempt_while_borrowing = pre.borrow_within_cohort != "Never" or (
             fair_sharing and pre.reclaim_within_cohort != "Never"
@@ -275,18 +278,23 @@ class FlavorAssigner:
                 if res in flavors:  # type: ignore[operator]
                     continue
                 if memo is None:
-                    chosen, reasons, no_fit = self._find_flavor(ps, requests, res, rg, usage)
+                    chosen, reasons, no_fit = self._find_flavor(ps, group, rg, usage)
                 else:
                     assumed = (
                         tuple(usage.get((fq.flavor, r), 0) for fq in rg.flavors for r, _ in group)
                         if usage
                         else ()
                     )
-                    mkey = ("flavor", memo_key, res, ps.node_selector, group, assumed)
-                    hit = memo_dict.get(mkey)
+                    search = (res, ps.node_selector, group, assumed)
+                    free_key = ("flavor", self.cq.name, search)
+                    hit = memo_dict.get(free_key)
                     if hit is None:
-                        hit = self._find_flavor(ps, requests, res, rg, usage)
-                        memo_dict[mkey] = hit
+                        mkey = ("flavor", memo_key, search)
+                        hit = memo_dict.get(mkey)
+                        if hit is None:
+                            asked = self.oracle_asked
+                            hit = self._find_flavor(ps, group, rg, usage)
+                            memo_dict[mkey if self.oracle_asked != asked else free_key] = hit
                     chosen, reasons, no_fit = hit  # type: ignore[misc]
                 if chosen is None:
                     psa.reasons = list(reasons)
@@ -310,13 +318,12 @@ class FlavorAssigner:
     def _find_flavor(
         self,
         ps: PodSet,
-        requests: dict[str, int],
-        res_name: str,
+        group_requests: tuple[tuple[str, int], ...],
         rg: ResourceGroup,
         usage: dict[FlavorResource, int],
     ) -> tuple[dict[str, FlavorChoice] | None, list[str], Reason | None]:
-        covered = rg.covered_resources
-        group_requests = [(r, v) for r, v in sorted(requests.items()) if r in covered]
+        """The flavor for the resource group's requests (``group_requests``: the pod set's
+        requests of the group's covered resources, in name order)."""
         reasons: list[str] = []
         no_fit: Reason | None = None
         best: dict[str, FlavorChoice] | None = None
@@ -385,6 +392,7 @@ class FlavorAssigner:
         if self.oracle is not None and (
             self.cq.nominal(fr) >= value or may_reclaim or self.can_preempt_while_borrowing
         ):
+            self.oracle_asked += 1
             mode, borrow_after = self.oracle(fr, value)
             return (
                 mode,

@@ -207,6 +207,17 @@ class PodSet:
     requests: tuple[tuple[str, int], ...] = ()  # per pod, milli-units
     min_count: int | None = None
     node_selector: tuple[tuple[str, str], ...] = ()
+    # pod sets key the flavor assigner's per-queue plans, hashed once per nomination: computed
+    # once here instead of rehashing every field each time
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "_hash", hash((self.name, self.count, self.requests, self.min_count, self.node_selector))
+        )
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +292,7 @@ class PreemptionTarget:
     cluster_queue: str = ""
 
 
-_NO_ENTRIES: Mapping[str, object] = MappingProxyType({})
+NO_ENTRIES: Mapping[str, object] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,8 +303,8 @@ class Decision:
     reason: Reason
     message: str = ""
     # a pending decision shares one empty, read-only mapping (drain makes tens of thousands)
-    flavors: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: _NO_ENTRIES)
-    counts: Mapping[str, int] = field(default_factory=lambda: _NO_ENTRIES)
+    flavors: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: NO_ENTRIES)
+    counts: Mapping[str, int] = field(default_factory=lambda: NO_ENTRIES)
     preempts: tuple[PreemptionTarget, ...] = ()
     borrowing: int = 0
 

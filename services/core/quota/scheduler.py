@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from operator import attrgetter
 
 from services.core.quota.fairsharing import dominant_resource_share
 from services.core.quota.flavors import (
@@ -35,7 +36,9 @@ from services.core.quota.flavors import (
     pod_set_counts_to_try,
 )
 from services.core.quota.model import (
+    NO_ENTRIES,
     Decision,
+    PodSet,
     PreemptionPolicy,
     PreemptionTarget,
     QueueingStrategy,
@@ -142,27 +145,37 @@ class _Entry:
     mode: AssignmentMode = AssignmentMode.NO_FIT
     reason: Reason = Reason.WAITING_FOR_QUOTA
     share: int = 0
-    sort_key: tuple[object, ...] = ()
+    sort_key: tuple[object, ...] = (1 << 62,)  # entries without an assignment go last
+
+
+_SORT_KEY = attrgetter("sort_key")
 
 
 class _Oracle:
     """Kueue's preemption oracle for one preemptor: could preemption make room for ``value``
     of ``fr``, and at what borrowing level? Memoised per tree state (Snapshot.tree_cache)."""
 
-    __slots__ = ("snapshot", "preemptor", "now", "cq", "pkey")
+    __slots__ = ("snapshot", "preemptor", "now", "cq", "pkey", "cache")
 
     def __init__(
-        self, snapshot: Snapshot, preemptor: Preemptor, cq: ClusterQueueState, now: float, pkey: object
+        self,
+        snapshot: Snapshot,
+        preemptor: Preemptor,
+        cq: ClusterQueueState,
+        now: float,
+        pkey: object,
+        cache: dict[object, object] | None,
     ) -> None:
         self.snapshot = snapshot
         self.preemptor = preemptor
         self.now = now
         self.cq = cq
         self.pkey = pkey
+        self.cache = cache  # the tree's memo (its admitted set is fixed while the oracle is used)
 
     def __call__(self, fr: tuple[str, str], value: int) -> tuple[Mode, int]:
         snapshot, cq, pkey = self.snapshot, self.cq, self.pkey
-        cache = snapshot.tree_cache(cq.root_key) if pkey is not None else None
+        cache = self.cache if pkey is not None else None
         if cache is not None:
             hit = cache.get(("oracle", pkey, fr, value))
             if hit is not None:
@@ -198,14 +211,27 @@ def _assign(
     cq: ClusterQueueState,
     now: float,
     may_preempt: Callable[[AdmittedWorkload], bool] | None = None,
+    pod_sets: tuple[PodSet, ...] | None = None,
+    cache: dict[object, object] | None = None,
 ) -> tuple[Assignment, list[PreemptionTarget]]:
-    """Kueue's getInitialAssignments: full assignment, its victims, else partial admission."""
+    """Kueue's getInitialAssignments: full assignment, its victims, else partial admission.
+
+    ``pod_sets``: an equal, shared copy of ``wl.pod_sets`` (the drain's), so the assigner's
+    per-queue plans are found by identity rather than by comparing every field. ``cache``:
+    the cohort tree's memo, when the caller already holds it."""
+    if pod_sets is None:
+        pod_sets = wl.pod_sets
     preemptor = Preemptor(wl.key, cq.name, wl.priority, wl.created_at, may_preempt)
     fair = snapshot.config.fair_sharing.enabled
     pkey = _preemptor_key(cq, preemptor, now)
-    memo = (snapshot.tree_cache(cq.root_key), pkey) if pkey is not None else None
+    if pkey is None:
+        cache = memo = None
+    else:
+        if cache is None:
+            cache = snapshot.tree_cache(cq.root_key)
+        memo = (cache, pkey)
     assigner = FlavorAssigner(
-        cq, snapshot.flavors, wl.pod_sets, _Oracle(snapshot, preemptor, cq, now, pkey), fair, memo
+        cq, snapshot.flavors, pod_sets, _Oracle(snapshot, preemptor, cq, now, pkey, cache), fair, memo
     )
     full = assigner.assign()
     mode = full.representative_mode()
@@ -215,7 +241,7 @@ def _assign(
         targets = get_targets(snapshot, preemptor, full.usage, full.resources_requiring_preemption(), now)
         if targets:
             return full, targets
-    reducer = pod_set_counts_to_try(wl.pod_sets)
+    reducer = pod_set_counts_to_try(pod_sets)
     if reducer is not None:
         lo, hi = 1, reducer.total  # type: ignore[attr-defined]
         found: tuple[Assignment, list[PreemptionTarget]] | None = None
@@ -310,9 +336,13 @@ def _reserve(e: _Entry) -> list[tuple[tuple[str, str], int]]:
         quota = quotas.get(fr)
         if borrowing:
             if quota is not None and quota.borrowing_limit is not None:
-                value = min(value, quota.nominal + quota.borrowing_limit - used.get(fr, 0))
+                room = quota.nominal + quota.borrowing_limit - used.get(fr, 0)
+                if room < value:
+                    value = room
         else:
-            value = min(value, (0 if quota is None else quota.nominal) - used.get(fr, 0))
+            room = (0 if quota is None else quota.nominal) - used.get(fr, 0)
+            if room < value:
+                value = room
         if value > 0:
             out.append((fr, value))
     return out
@@ -330,9 +360,11 @@ class _Scheduler:
         self.order: list[str] = []
         self.done: set[str] = set()  # admitted or (drain) preempting: out of the queues
         self.preempted_for: dict[str, tuple[PreemptionTarget, ...]] = {}
-        # pod sets -> a small int, so nomination memo keys hash an int, not nested dataclasses
+        # pod sets -> a small int, so nomination memo keys hash an int, not nested dataclasses;
+        # and the one copy of each distinct pod sets that nominations use
         self.shapes: dict[str, int] = {}
-        shape_ids: dict[tuple[object, ...], int] = {}
+        self.shape_pod_sets: list[tuple[PodSet, ...]] = []
+        shape_ids: dict[tuple[PodSet, ...], int] = {}
         for wl in pending:
             if wl.key in self.snap.workloads or wl.key in self.queued_in or wl.admission is not None:
                 continue
@@ -346,9 +378,27 @@ class _Scheduler:
                 continue
             self.queues.add(cq.name, wl)
             self.queued_in[wl.key] = cq.name
-            self.shapes[wl.key] = shape_ids.setdefault(wl.pod_sets, len(shape_ids))
+            shape = shape_ids.get(wl.pod_sets)
+            if shape is None:
+                shape = shape_ids[wl.pod_sets] = len(self.shape_pod_sets)
+                self.shape_pod_sets.append(wl.pod_sets)
+            self.shapes[wl.key] = shape
         self.queues.seal()
         self.fair = self.snap.config.fair_sharing.enabled
+        # per ClusterQueue, what each nomination reads of its spec (fixed for the pass):
+        # (namespace selector matches every namespace: True / none: False / else None,
+        #  whether queued_at is part of a preemptor's standing (LowerOrNewerEqualPriority))
+        self.cq_traits: dict[str, tuple[bool | None, bool]] = {}
+        for name in self.queues.order:
+            spec = self.snap.cluster_queues[name].spec
+            selector = spec.namespace_selector
+            matches_all = (
+                False
+                if selector is None
+                else (True if not selector.match_labels and not selector.match_expressions else None)
+            )
+            newer = spec.preemption.within_cluster_queue is PreemptionPolicy.LOWER_OR_NEWER_EQUAL_PRIORITY
+            self.cq_traits[name] = (matches_all, newer)
 
     # -- heads
 
@@ -385,12 +435,15 @@ class _Scheduler:
         snap = self.snap
         now = self.now
         shapes = self.shapes
+        shape_pod_sets = self.shape_pod_sets
         entries: list[_Entry] = []
         # nominations never change the admitted set, so each tree's memo stays valid for them
         caches: dict[str, dict[object, object]] = {}
+        cq_traits = self.cq_traits
         for wl, cq in self.heads():
             e = _Entry(wl, cq)
-            if not _namespace_matches(snap, cq, wl.namespace):
+            matches_all, newer = cq_traits[cq.name]
+            if not (matches_all or (matches_all is None and _namespace_matches(snap, cq, wl.namespace))):
                 e.message, e.reason = NAMESPACE_MISMATCH, Reason.NAMESPACE_MISMATCH
             else:
                 # a head re-nominated while its cohort tree is unchanged (StrictFIFO heads,
@@ -400,14 +453,14 @@ class _Scheduler:
                 cache = caches.get(cq.root_key)
                 if cache is None:
                     cache = caches[cq.root_key] = snap.tree_cache(cq.root_key)
-                newer = (
-                    cq.spec.preemption.within_cluster_queue is PreemptionPolicy.LOWER_OR_NEWER_EQUAL_PRIORITY
-                )
                 # what _preemptor_key reads (now is fixed for the pass), and the pod sets' id
-                nkey = ("nomination", cq.name, wl.priority, wl.created_at if newer else None, shapes[wl.key])
+                shape = shapes[wl.key]
+                nkey = ("nomination", cq.name, wl.priority, wl.created_at if newer else None, shape)
                 hit = cache.get(nkey)
                 if hit is None:
-                    assignment, targets = _assign(snap, wl, cq, now)
+                    assignment, targets = _assign(
+                        snap, wl, cq, now, pod_sets=shape_pod_sets[shape], cache=cache
+                    )
                     hit = (assignment, targets, assignment.message(), assignment.representative_mode())
                     cache[nkey] = hit
                 e.assignment, e.targets, e.message, e.mode = hit  # type: ignore[misc]
@@ -415,7 +468,7 @@ class _Scheduler:
                     e.share = dominant_resource_share(cq.node, e.assignment.usage)[0]
                 e.sort_key = (e.assignment.borrowing, e.share, -wl.priority, wl.created_at, wl.key)
             entries.append(e)
-        entries.sort(key=lambda e: e.sort_key if e.assignment is not None else (1 << 62,))
+        entries.sort(key=_SORT_KEY)
 
         progress = False
         issued: list[PreemptionTarget] = []
@@ -513,7 +566,10 @@ class _Scheduler:
         return progress, issued
 
     def _pending(self, e: _Entry, reason: Reason, message: str) -> None:
-        self.decisions[e.wl.key] = Decision(e.wl.key, WorkloadStatus.PENDING, e.cq.name, reason, message)
+        # the empty mappings passed, not left to their default factories: tens of thousands per drain
+        self.decisions[e.wl.key] = Decision(
+            e.wl.key, WorkloadStatus.PENDING, e.cq.name, reason, message, NO_ENTRIES, NO_ENTRIES
+        )
 
     def evict(self, victims: list[PreemptionTarget]) -> None:
         """Victims' eviction completes: their quota is freed, inadmissible workloads requeue."""
@@ -534,7 +590,13 @@ class _Scheduler:
             if d is None:
                 cq_name = queued_in[k]
                 d = Decision(
-                    k, WorkloadStatus.PENDING, cq_name, Reason.QUEUED, f"Queued in ClusterQueue {cq_name}"
+                    k,
+                    WorkloadStatus.PENDING,
+                    cq_name,
+                    Reason.QUEUED,
+                    f"Queued in ClusterQueue {cq_name}",
+                    NO_ENTRIES,
+                    NO_ENTRIES,
                 )
             out.append(d)
         return CycleResult(tuple(out), self.snap, cycles)
