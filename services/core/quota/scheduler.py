@@ -100,6 +100,11 @@ def queue_order_key(wl: Workload) -> tuple[int, float, str]:
     return (-wl.priority, wl.created_at, wl.key)
 
 
+def _queue_order_of_pair(pair: tuple[Workload, int]) -> tuple[int, float, str]:
+    wl = pair[0]
+    return (-wl.priority, wl.created_at, wl.key)
+
+
 def resolve_cluster_queue(
     snapshot: Snapshot, wl: Workload
 ) -> tuple[ClusterQueueState | None, Decision | None]:
@@ -296,33 +301,62 @@ def preemption_targets(
 # --------------------------------------------------------------------------- the cycle
 
 
+class _Lane:
+    """One ClusterQueue's pending workloads in queue order, with what each nomination reads of
+    the queue's spec (fixed for the pass)."""
+
+    __slots__ = ("cq", "workloads", "shapes", "pos", "strict", "matches_all", "newer")
+
+    def __init__(self, cq: ClusterQueueState) -> None:
+        self.cq = cq
+        self.workloads: list[Workload] = []
+        self.shapes: list[int] = []  # the workloads' pod-set shape ids, aligned
+        self.pos = 0  # first index that may still be pending
+        spec = cq.spec
+        self.strict = spec.queueing_strategy is QueueingStrategy.STRICT_FIFO
+        selector = spec.namespace_selector
+        # the namespace selector matches every namespace: True; none: False; else None (ask)
+        self.matches_all = (
+            False
+            if selector is None
+            else (True if not selector.match_labels and not selector.match_expressions else None)
+        )
+        # queued_at is part of a preemptor's standing (see _preemptor_key)
+        self.newer = spec.preemption.within_cluster_queue is PreemptionPolicy.LOWER_OR_NEWER_EQUAL_PRIORITY
+
+
 class _Queues:
     """Pending workloads per ClusterQueue, in queue order, plus the BestEffortFIFO
     inadmissible set (workloads that stepped aside until quota is freed)."""
 
-    __slots__ = ("order", "pending", "inadmissible", "pos", "live")
+    __slots__ = ("lanes", "inadmissible", "live")
 
     def __init__(self) -> None:
-        self.order: list[str] = []  # ClusterQueue names, sorted
-        self.pending: dict[str, list[Workload]] = {}
+        self.lanes: dict[str, _Lane] = {}
         self.inadmissible: set[str] = set()
-        self.pos: dict[str, int] = {}  # first index that may still be pending
-        # ClusterQueues whose queue is not yet used up, in order (heads() drops the others)
-        self.live: list[str] = []
+        # lanes whose queue is not yet used up, in ClusterQueue name order (heads() drops the others)
+        self.live: list[_Lane] = []
 
-    def add(self, cq: str, wl: Workload) -> None:
-        self.pending.setdefault(cq, []).append(wl)
+    def add(self, cq: ClusterQueueState, wl: Workload, shape: int) -> None:
+        lane = self.lanes.get(cq.name)
+        if lane is None:
+            lane = self.lanes[cq.name] = _Lane(cq)
+        lane.workloads.append(wl)
+        lane.shapes.append(shape)
 
     def seal(self) -> None:
-        for wls in self.pending.values():
-            wls.sort(key=queue_order_key)
-        self.order = sorted(self.pending)
+        for lane in self.lanes.values():
+            order = sorted(range(len(lane.workloads)), key=lambda i: queue_order_key(lane.workloads[i]))
+            lane.workloads = [lane.workloads[i] for i in order]
+            lane.shapes = [lane.shapes[i] for i in order]
+        self.lanes = dict(sorted(self.lanes.items()))
         self.rewind()
 
     def rewind(self) -> None:
         """Every queue from its first workload again (after quota was freed)."""
-        self.pos = {cq: 0 for cq in self.order}
-        self.live = list(self.order)
+        for lane in self.lanes.values():
+            lane.pos = 0
+        self.live = list(self.lanes.values())
 
 
 def _reserve(e: _Entry) -> list[tuple[tuple[str, str], int]]:
@@ -360,9 +394,8 @@ class _Scheduler:
         self.order: list[str] = []
         self.done: set[str] = set()  # admitted or (drain) preempting: out of the queues
         self.preempted_for: dict[str, tuple[PreemptionTarget, ...]] = {}
-        # pod sets -> a small int, so nomination memo keys hash an int, not nested dataclasses;
-        # and the one copy of each distinct pod sets that nominations use
-        self.shapes: dict[str, int] = {}
+        # pod sets -> a small int (a shape id), so nomination memo keys hash an int, not nested
+        # dataclasses; and the one copy of each distinct pod sets that nominations use
         self.shape_pod_sets: list[tuple[PodSet, ...]] = []
         shape_ids: dict[tuple[PodSet, ...], int] = {}
         for wl in pending:
@@ -376,55 +409,38 @@ class _Scheduler:
                 assert rejected is not None
                 self.decisions[wl.key] = rejected
                 continue
-            self.queues.add(cq.name, wl)
             self.queued_in[wl.key] = cq.name
             shape = shape_ids.get(wl.pod_sets)
             if shape is None:
                 shape = shape_ids[wl.pod_sets] = len(self.shape_pod_sets)
                 self.shape_pod_sets.append(wl.pod_sets)
-            self.shapes[wl.key] = shape
+            self.queues.add(cq, wl, shape)
         self.queues.seal()
         self.fair = self.snap.config.fair_sharing.enabled
-        # per ClusterQueue, what each nomination reads of its spec (fixed for the pass):
-        # (namespace selector matches every namespace: True / none: False / else None,
-        #  whether queued_at is part of a preemptor's standing (LowerOrNewerEqualPriority))
-        self.cq_traits: dict[str, tuple[bool | None, bool]] = {}
-        for name in self.queues.order:
-            spec = self.snap.cluster_queues[name].spec
-            selector = spec.namespace_selector
-            matches_all = (
-                False
-                if selector is None
-                else (True if not selector.match_labels and not selector.match_expressions else None)
-            )
-            newer = spec.preemption.within_cluster_queue is PreemptionPolicy.LOWER_OR_NEWER_EQUAL_PRIORITY
-            self.cq_traits[name] = (matches_all, newer)
 
     # -- heads
 
-    def heads(self) -> list[tuple[Workload, ClusterQueueState]]:
+    def heads(self) -> list[tuple[Workload, _Lane, int]]:
+        """(workload, its lane, its shape id) for the head of every queue not used up."""
         out = []
         q = self.queues
         done = self.done
         inadmissible = q.inadmissible
-        pos = q.pos
-        cluster_queues = self.snap.cluster_queues
         live = []
-        for cq_name in q.live:
-            wls = q.pending[cq_name]
-            cq = cluster_queues[cq_name]
-            i = pos[cq_name]
+        for lane in q.live:
+            wls = lane.workloads
+            i = lane.pos
             n = len(wls)
-            if cq.spec.queueing_strategy is QueueingStrategy.STRICT_FIFO:
+            if lane.strict:
                 while i < n and wls[i].key in done:
                     i += 1
             else:  # inadmissible workloads stay aside until evict() resets the positions
                 while i < n and (wls[i].key in done or wls[i].key in inadmissible):
                     i += 1
-            pos[cq_name] = i
+            lane.pos = i
             if i < n:
-                out.append((wls[i], cq))
-                live.append(cq_name)
+                out.append((wls[i], lane, lane.shapes[i]))
+                live.append(lane)
         q.live = live
         return out
 
@@ -434,15 +450,14 @@ class _Scheduler:
         """Run one cycle. Returns (progress, victims issued)."""
         snap = self.snap
         now = self.now
-        shapes = self.shapes
         shape_pod_sets = self.shape_pod_sets
         entries: list[_Entry] = []
         # nominations never change the admitted set, so each tree's memo stays valid for them
         caches: dict[str, dict[object, object]] = {}
-        cq_traits = self.cq_traits
-        for wl, cq in self.heads():
+        for wl, lane, shape in self.heads():
+            cq = lane.cq
             e = _Entry(wl, cq)
-            matches_all, newer = cq_traits[cq.name]
+            matches_all = lane.matches_all
             if not (matches_all or (matches_all is None and _namespace_matches(snap, cq, wl.namespace))):
                 e.message, e.reason = NAMESPACE_MISMATCH, Reason.NAMESPACE_MISMATCH
             else:
@@ -454,8 +469,7 @@ class _Scheduler:
                 if cache is None:
                     cache = caches[cq.root_key] = snap.tree_cache(cq.root_key)
                 # what _preemptor_key reads (now is fixed for the pass), and the pod sets' id
-                shape = shapes[wl.key]
-                nkey = ("nomination", cq.name, wl.priority, wl.created_at if newer else None, shape)
+                nkey = ("nomination", cq.name, wl.priority, wl.created_at if lane.newer else None, shape)
                 hit = cache.get(nkey)
                 if hit is None:
                     assignment, targets = _assign(
