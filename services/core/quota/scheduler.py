@@ -146,6 +146,7 @@ class _Entry:
     cq: ClusterQueueState
     assignment: Assignment | None = None
     targets: list[PreemptionTarget] | tuple[()] = ()
+    target_keys: frozenset[str] = frozenset()
     message: str = ""
     mode: AssignmentMode = AssignmentMode.NO_FIT
     reason: Reason = Reason.WAITING_FOR_QUOTA
@@ -475,9 +476,15 @@ class _Scheduler:
                     assignment, targets = _assign(
                         snap, wl, cq, now, pod_sets=shape_pod_sets[shape], cache=cache
                     )
-                    hit = (assignment, targets, assignment.message(), assignment.representative_mode())
+                    hit = (
+                        assignment,
+                        targets,
+                        frozenset(t.workload for t in targets),
+                        assignment.message(),
+                        assignment.representative_mode(),
+                    )
                     cache[nkey] = hit
-                e.assignment, e.targets, e.message, e.mode = hit  # type: ignore[misc]
+                e.assignment, e.targets, e.target_keys, e.message, e.mode = hit  # type: ignore[misc]
                 if self.fair:
                     e.share = dominant_resource_share(cq.node, e.assignment.usage)[0]
                 e.sort_key = (e.assignment.borrowing, e.share, -wl.priority, wl.created_at, wl.key)
@@ -508,7 +515,7 @@ class _Scheduler:
                         add_usage(cq.node, fr, value)
                         temporary.append((cq.node, fr, value))
                 continue
-            if any(t.workload in preempted for t in e.targets):
+            if preempted and not e.target_keys.isdisjoint(preempted):
                 self._pending(e, Reason.FAILED_AFTER_NOMINATION, OVERLAPPING_TARGETS)
                 continue
             usage = e.assignment.usage
@@ -580,8 +587,12 @@ class _Scheduler:
         return progress, issued
 
     def _pending(self, e: _Entry, reason: Reason, message: str) -> None:
+        key = e.wl.key
+        said = self.decisions.get(key)
+        if said is not None and said.reason is reason and said.message == message and said.status is WorkloadStatus.PENDING:
+            return  # a head that waits for the same reason again (drain cycles: hundreds of times)
         # the empty mappings passed, not left to their default factories: tens of thousands per drain
-        self.decisions[e.wl.key] = Decision(
+        self.decisions[key] = Decision(
             e.wl.key, WorkloadStatus.PENDING, e.cq.name, reason, message, NO_ENTRIES, NO_ENTRIES
         )
 

@@ -9,7 +9,7 @@ which returns an undo function (Kueue's ``SimulateWorkloadUsageRemoval``).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.core.quota.errors import UnknownWorkloadError
 from services.core.quota.model import (
@@ -39,6 +39,21 @@ class AdmittedWorkload:
     created_at: float = 0.0
     uid: str = ""
     evicted: bool = False
+    # hashed on every admission and (simulated) removal, for the tree fingerprint: computed once
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self,
+            "_hash",
+            hash(
+                (self.key, self.cluster_queue, self.priority, self.usage, self.quota_reserved_at,
+                 self.created_at, self.uid, self.evicted)
+            ),
+        )
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @staticmethod
     def from_workload(wl: Workload) -> AdmittedWorkload:

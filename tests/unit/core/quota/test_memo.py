@@ -3,6 +3,7 @@ all keyed by the cohort tree's fingerprint) must never change a decision."""
 
 from __future__ import annotations
 
+import dataclasses
 from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
@@ -10,6 +11,13 @@ from hypothesis import strategies as st
 from quota_builders import T0, make_cq, make_flavor, make_lq, make_wl
 
 from services.core.quota import build_snapshot, drain, load_objects, run_cycles
+from services.core.quota.preemption import (
+    Preemptor,
+    _cq_is_borrowing,
+    _order_key,
+    _own_candidates,
+    ordered_candidates,
+)
 from services.core.quota.snapshot import AdmittedWorkload, Snapshot
 
 FLAVORS = ("f1", "f2")
@@ -98,3 +106,41 @@ def test_fingerprint_follows_the_admitted_set_and_survives_simulation():
     copy = snap.copy()
     assert copy.fingerprint(root) == snap.fingerprint(root)
     assert copy.tree_cache(root) == {}  # memos are never shared with copies
+
+
+def _reference_candidates(snap, preemptor, cq, frs, now):
+    """Kueue's candidate list the plain way: every candidate, one sort by _order_key."""
+    cands = list(_own_candidates(preemptor, cq, frs))
+    policy = cq.spec.preemption
+    if cq.node.parent is not None and str(policy.reclaim_within_cohort) != "Never":
+        only_lower = str(policy.reclaim_within_cohort) != "Any"
+        for other in snap.tree_members(cq):
+            if other is cq or not _cq_is_borrowing(other, frs):
+                continue
+            cands += [
+                c for c in other.workloads.values()
+                if not (only_lower and c.priority >= preemptor.priority) and any(fr in frs for fr, _ in c.usage)
+            ]
+    return sorted(cands, key=_order_key(cq.name, now))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(crowded(), st.data())
+def test_ordered_candidates_are_the_candidates_sorted_in_kueues_order(scenario, data):
+    """ordered_candidates merges lists sorted once per tree state; it must give exactly the
+    order of one sort by _order_key (evicted first, other queues first, priority, newest)."""
+    docs, _ = scenario
+    objects = load_objects(("m.yaml", d) for d in docs)
+    snap = build_snapshot(objects)
+    for key in list(snap.workloads):  # some admitted workloads are being evicted already
+        if data.draw(st.booleans()):
+            wl = snap.remove_workload(key)
+            snap.add_workload(dataclasses.replace(wl, evicted=True))
+    for cq in snap.cluster_queues.values():
+        for priority in (0, 5, 10):
+            preemptor = Preemptor("default/p", cq.name, priority, T0)
+            for flavor in FLAVORS:
+                frs = {(flavor, "nvidia.com/gpu")}
+                want = _reference_candidates(snap, preemptor, cq, frs, T0)
+                assert ordered_candidates(snap, preemptor, cq, frs, T0) == want
+                assert ordered_candidates(snap, preemptor, cq, frs, T0) == want  # memoised: the same
