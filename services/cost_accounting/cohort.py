@@ -29,7 +29,11 @@ returns the records to write, workload records first and the cohort record last;
 stores them after the outputs are acknowledged (ADR 0001). A crash between two writes leaves
 each book before or after the event, the cohort record before it: the redelivered event is
 recomputed (books already past it skip it: per-book ``seen`` / ``billed_through``) with the
-same outputs. Books are JSON *text*: exact usage sums exceed 64 bits, which orjson refuses.
+same outputs. Books are JSON *text*: exact usage sums exceed 64 bits, which orjson refuses
+(and ``orjson.loads`` would turn into floats: read them with ``json``). The text is
+``book_to_json``'s, equal to ``json.dumps(book_to_dict(book))`` but without encoding the book's
+closed hours again on every event (a tick rewrites every active book; with a long correction
+horizon a book holds thousands of hours).
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from services.core.cost import (
     NamespaceLabeled,
     apply_tracked,
     book_from_dict,
-    book_to_dict,
+    book_to_json,
     initial_state,
     restore_books,
 )
@@ -210,8 +214,7 @@ class CohortLedger:
         for key in changed:  # workload records first ...
             book = state.books.get(key)
             if book is not None:
-                text = json.dumps(book_to_dict(book), separators=(",", ":"))
-                writes[key] = {"c": cohort, "book": text, "memo": memos.get(key)}
+                writes[key] = {"c": cohort, "book": book_to_json(book), "memo": memos.get(key)}
             elif key in state.forgotten:
                 memos.pop(key, None)
                 writes[key] = {"c": cohort, "gone": state.forgotten[key]}

@@ -31,6 +31,7 @@ state; copying thousands of intervals per event would be slow). Snapshot with
 from __future__ import annotations
 
 import hashlib
+import json
 from bisect import bisect_right, insort
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -87,6 +88,7 @@ __all__ = [
     "apply_tracked",
     "book_from_dict",
     "book_to_dict",
+    "book_to_json",
     "fold",
     "initial_state",
     "restore_books",
@@ -130,6 +132,11 @@ class _Book:
     series: dict[SeriesKey, list[int]] = field(default_factory=dict)
     seen: set[str] = field(default_factory=set)
     cache: tuple[list[Interval], list[Interval]] | None = None  # derived, not serialized
+    # Derived, not serialized (book_to_json): the JSON text of each hour of ``emitted``
+    # ('"<hour>":{...}'), same hours in the same order; None until made. _emit sets its hour
+    # to None and notes it in emitted_stale; the horizon pruning in _close drops it from all three.
+    emitted_json: dict[int, str | None] = field(default_factory=dict)
+    emitted_stale: set[int] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -448,6 +455,8 @@ def _close(ctx: _Ctx, book: _Book, until_ms: int) -> None:
             if oldest >= final_before:
                 break
             del emitted[oldest]
+            book.emitted_json.pop(oldest, None)
+            book.emitted_stale.discard(oldest)
     # Nothing reaches past the billed hours any more: leave the active set.
     if not _reaches_past_billed(book, extent):
         state.active.pop(book.uid, None)
@@ -478,6 +487,8 @@ def _emit(
     hour_map = book.emitted.get(hour_ms)
     if hour_map is None:
         hour_map = book.emitted[hour_ms] = {}
+    book.emitted_json[hour_ms] = None  # its text is made again by the next book_to_json
+    book.emitted_stale.add(hour_ms)
     entry = hour_map.get(key)
     if entry is None:
         entry = hour_map[key] = [0, 0, 0, 0]
@@ -671,6 +682,54 @@ def book_from_dict(data: dict[str, Any]) -> _Book:
     return _book_from_dict(data)
 
 
+#: Compact, otherwise json.dumps' defaults (ensure_ascii); one encoder, not one per call.
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def book_to_json(book: _Book) -> str:
+    """``json.dumps(book_to_dict(book), separators=(",", ":"))``, the same text, made without
+    re-encoding the closed hours: a shell stores the book after every event, and a tick touches
+    every active book, so encoding all of ``emitted`` each time made the fold O(hours kept) per
+    book and tick (the hours kept are the correction horizon: 168 by default, the whole trace
+    in bench_replay). Each hour's text is kept in ``emitted_json`` until ``_emit`` changes that
+    hour or the horizon drops it; only the rest of the book (facts, series, event ids) is
+    encoded per call. Standard ``json``: the exact usage sums exceed 64 bits. Same keys in the
+    same order as ``_book_to_dict`` (tests/unit/core/cost/test_cost_book_json.py compares them)."""
+    emitted = book.emitted
+    texts = book.emitted_json
+    if len(texts) != len(emitted):  # not kept in step (a book built by hand): start over
+        texts = book.emitted_json = dict.fromkeys(emitted)
+        book.emitted_stale = set(emitted)
+    for hour in book.emitted_stale:
+        entries = {_key_text(key): entry for key, entry in emitted[hour].items()}
+        texts[hour] = f'"{hour}":{_encode(entries)}'
+    book.emitted_stale.clear()
+    head = _encode(
+        {
+            "uid": book.uid,
+            "namespace": book.namespace,
+            "workloadName": book.workload_name,
+            "labels": [list(pair) for pair in book.labels],
+            "seq": book.seq,
+            "resStarts": book.res_starts,
+            "resEnds": book.res_ends,
+            "podStarts": book.pod_starts,
+            "podEnds": book.pod_ends,
+            "allEnds": book.all_ends,
+            "finished": book.finished,
+            "billedThroughMs": book.billed_through_ms,
+        }
+    )
+    tail = _encode(
+        {
+            "series": {_key_text(key): values for key, values in book.series.items()},
+            "seen": sorted(book.seen),
+        }
+    )
+    hours = ",".join(texts.values())  # type: ignore[arg-type]  # none is None any more
+    return f'{head[:-1]},"emitted":{{{hours}}},{tail[1:]}'
+
+
 def restore_books(state: CostState, books: Iterable[_Book]) -> CostState:
     """Put stored books into a state whose watermark is known, re-deriving the active set and
     the finished-idle queue from the books themselves (so a shell stores neither: each book
@@ -714,6 +773,10 @@ def _book_to_dict(book: _Book) -> dict[str, Any]:
 
 
 def _book_from_dict(data: dict[str, Any]) -> _Book:
+    emitted = {
+        int(hour): {_key_from(key): list(entry) for key, entry in entries.items()}
+        for hour, entries in data["emitted"].items()
+    }
     return _Book(
         uid=data["uid"],
         namespace=data["namespace"],
@@ -727,12 +790,11 @@ def _book_from_dict(data: dict[str, Any]) -> _Book:
         all_ends=[list(fact) for fact in data["allEnds"]],
         finished=list(data["finished"]) if data["finished"] is not None else None,
         billed_through_ms=data["billedThroughMs"],
-        emitted={
-            int(hour): {_key_from(key): list(entry) for key, entry in entries.items()}
-            for hour, entries in data["emitted"].items()
-        },
+        emitted=emitted,
         series={_key_from(key): list(values) for key, values in data["series"].items()},
         seen=set(data["seen"]),
+        emitted_json=dict.fromkeys(emitted),
+        emitted_stale=set(emitted),
     )
 
 

@@ -1,0 +1,168 @@
+"""bench-cost-fold: the cost service's fold (``CohortLedger.step``) over the Alibaba trace, in
+process, without Kafka: an in-memory dict is the ledger table (as ``fold_cohorts`` uses it).
+
+Two streams, both the ``qm.workloads`` records ``services/cost_accounting/trace_events.py``
+makes from the trace's pods (reservation, pod running, workload running, finishes, hourly
+clock ticks per cohort key):
+
+* ``replay`` — shaped like bench_replay's cost input: two cohort keys (``cohort:research``,
+  ``cohort:product``, as services/sim/config.py assigns the team namespaces), one tick per
+  cohort and trace hour, and the correction horizon bench_replay configures (366 days), so a
+  book keeps every hour it billed (no horizon pruning within the trace);
+* ``default`` — one cohort key per team namespace and the default 168-hour horizon.
+
+Each stream is folded by two book encoders, alternating (A/B in one process: the machine is
+shared, compare the ratio, not the absolute figures):
+
+* ``json-dumps`` — ``json.dumps(book_to_dict(book))``, what ``step`` did before (every hour of
+  ``emitted`` encoded again on every event that touches the book);
+* ``book_to_json`` — what ``step`` does now (each hour's text kept until the hour changes).
+
+Both runs must give the same outputs (row ids, amounts, order) and the same stored records,
+or the benchmark fails. Prints one line per run and a summary per stream.
+
+    .venv/bin/python bench/bench_cost_fold.py      # replay: 500 pods, 2,000 hours; default: all pods
+    .venv/bin/python bench/bench_cost_fold.py --stream replay --pods 8152 --hours 0 --rounds 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import yaml  # noqa: E402
+
+from services.contracts.codec import Envelope  # noqa: E402
+from services.core.cost import book_to_dict, book_to_json  # noqa: E402
+from services.cost_accounting import cohort  # noqa: E402
+from services.cost_accounting.config import CostConfig, config_from_documents  # noqa: E402
+from services.cost_accounting.trace_events import trace_envelopes, trace_labels  # noqa: E402
+from services.cost_accounting.translate import at_ms  # noqa: E402
+from services.sim.config import cohort_for  # noqa: E402
+from services.trace import lifecycle_events, read_pods, synthetic_pods  # noqa: E402
+
+TRACE = ROOT.parent / "shared" / "traces" / "alibaba-gpu-v2023" / "openb_pod_list_default.csv"
+REPLAY_HORIZON_HOURS = 24 * 366  # bench_replay.write_config
+
+
+def json_dumps_book(book) -> str:
+    return json.dumps(book_to_dict(book), separators=(",", ":"))
+
+
+ENCODERS: dict[str, Callable] = {"json-dumps": json_dumps_book, "book_to_json": book_to_json}
+
+
+def config(horizon_hours: int | None) -> CostConfig:
+    docs = list(yaml.safe_load_all((ROOT / "examples" / "seed" / "pricelist.yaml").read_text()))
+    for doc in docs:
+        if doc.get("kind") == "CostSettings" and horizon_hours is not None:
+            doc["spec"]["correctionHorizonHours"] = horizon_hours
+    return config_from_documents(("seed", doc) for doc in docs)
+
+
+def stream(name: str, pods, hours: int | None = None) -> list[tuple[str, Envelope]]:
+    """``(cohort key, envelope)`` in the order the service reads them; ``hours``: only the first
+    hours of trace time."""
+    records = [(key, e) for topic, key, e in trace_envelopes(lifecycle_events(pods)) if topic == "qm.workloads"]
+    if hours is not None and records:
+        end_ms = at_ms(records[0][1].occurred_at) + hours * 3_600_000
+        records = [(key, e) for key, e in records if at_ms(e.occurred_at) <= end_ms]
+    if name == "default":
+        return records
+    out: list[tuple[str, Envelope]] = []
+    ticked: set[tuple[str, str]] = set()
+    for _, e in records:
+        if e.event_type != "clock.tick.v1":
+            out.append((f"cohort:{cohort_for(e.payload.namespace)}", e))
+            continue
+        for key in ("cohort:research", "cohort:product"):  # the queue-manager's fan-out per cohort key
+            if (key, e.occurred_at) not in ticked:
+                ticked.add((key, e.occurred_at))
+                out.append((key, dataclasses.replace(e, event_id=f"{e.event_id}:{key}")))
+    return out
+
+
+def fold(cfg: CostConfig, records: list[tuple[str, Envelope]], encoder: Callable) -> tuple[float, list, dict]:
+    cohort.book_to_json = encoder  # what CohortLedger.step encodes each changed book with
+    try:
+        ledger = cohort.CohortLedger(cfg, labels=trace_labels().get)
+        store: dict = {}
+        outputs: list = []
+        gc.collect()
+        started = time.perf_counter()
+        for offset, (key, envelope) in enumerate(records):
+            result = ledger.step(key, store, envelope, (0, offset))
+            if result is None:
+                continue
+            writes, produced = result
+            store.update(writes)
+            outputs.extend(produced)
+        return time.perf_counter() - started, outputs, store
+    finally:
+        cohort.book_to_json = book_to_json
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--stream", choices=("replay", "default", "both"), default="both")
+    p.add_argument("--pods", type=int, default=500, help="first N pods of the trace for the replay stream (default 500)")
+    p.add_argument("--hours", type=int, default=2000,
+                   help="first N trace hours of the replay stream (default 2000; 0: all ~3,585, where the "
+                        "json-dumps runs take minutes: a book keeps every hour, so their cost grows with hours squared)")
+    p.add_argument("--default-pods", type=int, default=0, help="first N pods for the default stream (0: all)")
+    p.add_argument("--rounds", type=int, default=2, help="A/B rounds (each round runs both encoders, order alternating)")
+    p.add_argument("--trace", type=Path, default=TRACE)
+    args = p.parse_args()
+
+    if args.trace.is_file():
+        all_pods = read_pods(args.trace)
+        source = str(args.trace)
+    else:
+        all_pods = synthetic_pods(2000, seed=11)
+        source = "synthetic_pods(2000, seed=11) (trace not found)"
+    print(f"pods from {source}; load {os.getloadavg()[0]:.2f}; python {sys.version.split()[0]}")
+    names = ("replay", "default") if args.stream == "both" else (args.stream,)
+    for name in names:
+        count = args.pods if name == "replay" else (args.default_pods or len(all_pods))
+        hours = args.hours or None if name == "replay" else None
+        records = stream(name, all_pods[:count], hours)
+        cfg = config(REPLAY_HORIZON_HOURS if name == "replay" else None)
+        times: dict[str, list[float]] = {encoder: [] for encoder in ENCODERS}
+        reference: tuple[list, dict] | None = None
+        for round_ in range(args.rounds):
+            order = list(ENCODERS) if round_ % 2 == 0 else list(reversed(ENCODERS))
+            for encoder in order:
+                seconds, outputs, store = fold(cfg, records, ENCODERS[encoder])
+                if reference is None:
+                    reference = (outputs, store)
+                elif (outputs, store) != reference:
+                    raise SystemExit(f"{name}: {encoder} gave different outputs or records")
+                times[encoder].append(seconds)
+                print(f"  {name} round {round_ + 1} {encoder:>12}: {seconds:7.2f} s  "
+                      f"{len(records) / seconds:8.0f} events/s  {1e6 * seconds / len(records):8.1f} us/event")
+        assert reference is not None
+        rows = sum(1 for out in reference[0] if out.topic == "qm.billing")
+        books = [len(v["book"]) for v in reference[1].values() if isinstance(v, dict) and v.get("book")]
+        span = f"first {hours} trace hours, " if hours else ""
+        print(f"{name}: {count} pods, {span}{len(records)} events, {rows} rows, same outputs and records; "
+              f"largest book {max(books, default=0):,} chars, horizon {cfg.settings.correction_horizon_ms // 3_600_000} h")
+        best = {encoder: min(ts) for encoder, ts in times.items()}
+        for encoder, ts in times.items():
+            print(f"  {encoder:>12}: best {best[encoder]:.2f} s (median {statistics.median(ts):.2f}) = "
+                  f"{len(records) / best[encoder]:.0f} events/s, {1e6 * best[encoder] / len(records):.1f} us/event")
+        print(f"  speed-up (best json-dumps / best book_to_json): {best['json-dumps'] / best['book_to_json']:.1f}x")
+
+
+if __name__ == "__main__":
+    main()

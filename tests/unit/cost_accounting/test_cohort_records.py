@@ -1,0 +1,161 @@
+"""cohort.py's stored records: a ledger restarted from them continues with the rows of the
+uninterrupted fold, including from records written before books were encoded by book_to_json."""
+
+from __future__ import annotations
+
+import json
+
+from services.contracts.codec import make_envelope
+from services.contracts.events import (
+    ClockTick,
+    PodFinished,
+    PodRunning,
+    WorkloadFinished,
+    WorkloadQuotaReserved,
+    WorkloadRunning,
+)
+from services.core.cost import book_from_dict, book_to_dict, book_to_json
+from services.cost_accounting.cohort import CohortLedger, cohort_record_key, fold_cohorts
+from services.cost_accounting.config import CostConfig
+
+CC_LABEL = "quartermaster.dev/cost-center"
+LABELS = {"ml-team": {CC_LABEL: "cc-ml"}}
+GIB = 2**30 * 1000  # milli-bytes
+
+
+def at(clock: str) -> str:
+    return f"2026-11-29T{clock}:00Z"
+
+
+def env(payload, clock: str, *ident: str):
+    return make_envelope(payload, producer="test", occurred_at=at(clock), identity=ident)
+
+
+def reserved(uid: str, clock: str, gpus: int, memory_gib: int):
+    usage = {"a100": {"nvidia.com/gpu": gpus * 1000, "cpu": 8000, "memory": memory_gib * GIB}}
+    return env(WorkloadQuotaReserved(uid=uid, namespace="ml-team", name=uid, cluster_queue="cq", cohort="ml",
+                                     flavors={"main": {"nvidia.com/gpu": "a100"}}, counts={"main": 1}, usage=usage,
+                                     reserved_at=at(clock)), clock, uid, "reserved")
+
+
+def pod_running(uid: str, clock: str, gpus: int, memory_gib: int):
+    requests = {"nvidia.com/gpu": gpus * 1000, "cpu": 4000, "memory": memory_gib * GIB}
+    return env(PodRunning(uid=f"{uid}-pod", workload_uid=uid, namespace="ml-team", name=f"{uid}-0",
+                          started_at=at(clock), requests=requests), clock, uid, "pod")
+
+
+def tick(clock: str):
+    return env(ClockTick(at=at(clock), source="test"), clock, "tick", clock)
+
+
+def stream() -> list:
+    """Two workloads over five hours; a late pod.finished corrects a closed hour."""
+    return [
+        reserved("wl-a", "10:00", 16, 64),
+        pod_running("wl-a", "10:20", 8, 32),
+        tick("11:00"),
+        reserved("wl-b", "11:10", 4, 16),
+        env(WorkloadRunning(uid="wl-b", namespace="ml-team", name="wl-b", started_at=at("11:10")), "11:10", "wl-b", "run"),
+        tick("12:00"),
+        env(PodFinished(uid="wl-a-pod", workload_uid="wl-a", namespace="ml-team", name="wl-a-0", phase="Succeeded",
+                        finished_at=at("11:30")), "11:30", "wl-a", "pod-finished"),  # late: hour 11 is closed
+        tick("13:00"),
+        env(WorkloadFinished(uid="wl-a", namespace="ml-team", name="wl-a", succeeded=True, finished_at=at("13:15")),
+            "13:15", "wl-a", "finished"),
+        tick("14:00"),
+        tick("15:00"),
+    ]
+
+
+def rows(outputs) -> list[tuple]:
+    return [(o.envelope.event_id, o.envelope.payload) for o in outputs if o.topic == "qm.billing"]
+
+
+def run(ledger: CohortLedger, store: dict, envelopes, first_offset: int | None = 0) -> list:
+    """Step each envelope (source offsets from ``first_offset``; None: no positions, as fold_cohorts)."""
+    outputs = []
+    for offset, envelope in enumerate(envelopes, first_offset or 0):
+        position = None if first_offset is None else (0, offset)
+        result = ledger.step("ml", store, envelope, position)
+        if result is not None:
+            writes, produced = result
+            store.update(writes)
+            outputs.extend(produced)
+    return outputs
+
+
+def test_the_stream_bills_a_sum_beyond_64_bits_and_a_correction():
+    store, outputs = fold_cohorts(CostConfig(), [("ml", e) for e in stream()], LABELS)
+    book = json.loads(store["wl-b"]["book"])
+    assert max(max(values[:3]) for values in book["series"].values()) > 2**64  # memory milli-bytes x ms
+    assert any(row.ChargeClass == "Correction" for _, row in rows(outputs))
+
+
+def test_each_stored_book_is_the_json_text_of_book_to_dict():
+    ledger, store = CohortLedger(CostConfig(), labels=LABELS.get), {}
+    for offset, envelope in enumerate(stream()):
+        writes, _ = ledger.step("ml", store, envelope, (0, offset))
+        store.update(writes)
+        for uid, book in ledger._live["ml"].state.books.items():
+            assert store[uid]["book"] == json.dumps(book_to_dict(book), separators=(",", ":"))
+
+
+def test_a_ledger_restarted_at_any_point_continues_with_the_uninterrupted_rows_and_records():
+    envelopes = stream()
+    expected_store, expected = fold_cohorts(CostConfig(), [("ml", e) for e in envelopes], LABELS)
+    for split in range(1, len(envelopes)):
+        store: dict = {}
+        first = run(CohortLedger(CostConfig(), labels=LABELS.get), store, envelopes[:split])
+        # a new process: books restored from the stored records (book_from_dict of their text)
+        second = run(CohortLedger(CostConfig(), labels=LABELS.get), store, envelopes[split:], split)
+        assert rows(first + second) == rows(expected), split
+        books = {uid: value for uid, value in store.items() if uid != cohort_record_key("ml")}
+        assert books == {uid: value for uid, value in expected_store.items() if uid != cohort_record_key("ml")}
+
+
+# Written by the code before book_to_json (json.dumps(book_to_dict(book), separators=(",", ":"))),
+# captured from it: the records after the first three events of stream() folded by fold_cohorts
+# (reserved wl-a 10:00 with 64 GiB, its pod 10:20 with 32 GiB, tick 11:00).
+OLD_RECORDS = {
+    "cohort|ml": {
+        "v": 3, "watermarkMs": 1795950000000, "closedThroughMs": 1795950000000,
+        "namespaceLabels": {"ml-team": {CC_LABEL: "cc-ml"}}, "configAt": {"namespace/ml-team": 0}, "pos": None,
+        "seen": ["34260dc18ba27ccaef1ee6ef4bc0f6d1", "a1e77babff1c0b1f8757904eb04827c6", "06a39157d0d6f1d78ae72a85894a4861"],
+    },
+    "wl-a": {
+        "c": "ml",
+        "book": (
+            '{"uid":"wl-a","namespace":"ml-team","workloadName":"wl-a","labels":[],"seq":2,'
+            '"resStarts":[[1795946400000,1,"a100",16000,8000,68719476736000]],"resEnds":[],'
+            '"podStarts":{"wl-a-pod":[[1795947600000,2,"a100",8000,4000,34359738368000]]},"podEnds":{},"allEnds":[],'
+            '"finished":null,"billedThroughMs":1795950000000,'
+            '"emitted":{"1795946400000":{"a100\\treserved-idle":[38400000000,19200000000,164926744166400000000,1],'
+            '"a100\\trunning":[19200000000,9600000000,82463372083200000000,1]}},'
+            '"series":{"a100\\treserved-idle":[38400000000,19200000000,164926744166400000000,10666666667,5333333333,42666666667],'
+            '"a100\\trunning":[19200000000,9600000000,82463372083200000000,5333333333,2666666667,21333333333]},'
+            '"seen":["34260dc18ba27ccaef1ee6ef4bc0f6d1","a1e77babff1c0b1f8757904eb04827c6"]}'
+        ),
+        "memo": {"flavor": "a100", "reserved": [16000, 8000, 68719476736000], "podLevel": True, "unnamedStartMs": None,
+                 "deferred": []},
+    },
+}
+
+
+def test_records_written_before_book_to_json_are_read_and_continued():
+    envelopes = stream()
+    old = json.loads(OLD_RECORDS["wl-a"]["book"])
+    assert max(old["emitted"]["1795946400000"]["a100\treserved-idle"][:3]) > 2**64
+    first_store, _ = fold_cohorts(CostConfig(), [("ml", e) for e in envelopes[:3]], LABELS)
+    assert first_store == OLD_RECORDS  # the stored format did not change: the same records, byte for byte
+    store = json.loads(json.dumps(OLD_RECORDS))
+    restarted = run(CohortLedger(CostConfig(), labels=LABELS.get), store, envelopes[3:], None)
+    expected_store, expected = fold_cohorts(CostConfig(), [("ml", e) for e in envelopes], LABELS)
+    assert restarted and rows(restarted) == rows(expected)[-len(rows(restarted)):]
+    assert store == expected_store
+
+
+def test_book_text_round_trips_exactly():
+    store, _ = fold_cohorts(CostConfig(), [("ml", e) for e in stream()], LABELS)
+    for uid in ("wl-a", "wl-b"):
+        text = store[uid]["book"]
+        assert book_to_json(book_from_dict(json.loads(text))) == text
