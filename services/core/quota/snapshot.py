@@ -100,6 +100,13 @@ def _quotas(groups: tuple[ResourceGroup, ...]) -> dict[FlavorResource, ResourceQ
     return {(fq.flavor, rq.resource): rq for rg in groups for fq in rg.flavors for rq in fq.resources}
 
 
+class _Forgetful(dict):  # type: ignore[type-arg]
+    """A memo that stores nothing: every lookup misses (Snapshot.memoise = False)."""
+
+    def __setitem__(self, key: object, value: object) -> None:
+        pass
+
+
 class Snapshot:
     """Quota tree with admitted usage. Copy before mutating (the scheduler does)."""
 
@@ -114,6 +121,7 @@ class Snapshot:
         "_members",
         "_fingerprints",
         "_caches",
+        "memoise",
     )
 
     def __init__(self) -> None:
@@ -131,6 +139,9 @@ class Snapshot:
         self._fingerprints: dict[str, int] = {}
         # per cohort tree: (fingerprint, memo) for pure functions of the tree's state
         self._caches: dict[str, tuple[int, dict[object, object]]] = {}
+        # False: every memo is a dict that keeps nothing (tests compare decisions with and
+        # without memos; copies keep the setting)
+        self.memoise = True
 
     # ------------------------------------------------------------------ structure
 
@@ -168,6 +179,8 @@ class Snapshot:
     def tree_cache(self, root_key: str) -> dict[object, object]:
         """A memo for values that depend only on the cohort tree's admitted set; emptied as
         soon as that set changes (by fingerprint), and never shared with copies."""
+        if not self.memoise:
+            return _Forgetful()
         fp = self._fingerprints.get(root_key, 0)
         entry = self._caches.get(root_key)
         if entry is None or entry[0] != fp:
@@ -248,6 +261,7 @@ class Snapshot:
         new._members = {}
         new._fingerprints = dict(self._fingerprints)
         new._caches = {}
+        new.memoise = self.memoise
         clones: dict[int, Node] = {}
 
         def clone(node: Node) -> Node:

@@ -4,7 +4,6 @@ all keyed by the cohort tree's fingerprint) must never change a decision."""
 from __future__ import annotations
 
 import dataclasses
-from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,7 +17,7 @@ from services.core.quota.preemption import (
     _own_candidates,
     ordered_candidates,
 )
-from services.core.quota.snapshot import AdmittedWorkload, Snapshot
+from services.core.quota.snapshot import AdmittedWorkload
 
 FLAVORS = ("f1", "f2")
 
@@ -59,9 +58,10 @@ def crowded(draw):
     return docs, draw(st.sampled_from(["drain", "cycles"]))
 
 
-def _run(docs, mode):
+def _run(docs, mode, memoise=True):
     objects = load_objects(("m.yaml", d) for d in docs)
     snap = build_snapshot(objects)
+    snap.memoise = memoise
     pending = [w for w in objects.workloads if w.admission is None]
     if mode == "drain":
         return drain(snap, pending, T0)
@@ -73,8 +73,7 @@ def _run(docs, mode):
 def test_memoised_and_uncached_runs_decide_identically(scenario):
     docs, mode = scenario
     cached = _run(docs, mode)
-    with mock.patch.object(Snapshot, "tree_cache", lambda self, root_key: {}):  # every lookup misses
-        uncached = _run(docs, mode)
+    uncached = _run(docs, mode, memoise=False)  # every memo lookup misses
     assert cached.decisions == uncached.decisions
     assert cached.cycles == uncached.cycles
     assert cached.snapshot.usage() == uncached.snapshot.usage()
@@ -144,3 +143,15 @@ def test_ordered_candidates_are_the_candidates_sorted_in_kueues_order(scenario, 
                 want = _reference_candidates(snap, preemptor, cq, frs, T0)
                 assert ordered_candidates(snap, preemptor, cq, frs, T0) == want
                 assert ordered_candidates(snap, preemptor, cq, frs, T0) == want  # memoised: the same
+
+
+def test_a_snapshot_without_memos_keeps_nothing_and_its_copies_neither():
+    snap = _snapshot()
+    snap.memoise = False
+    root = snap.cluster_queues["a"].root_key
+    memo = snap.tree_cache(root)
+    memo["k"] = 1
+    assert memo == {} and snap.tree_cache(root) == {}
+    copy = snap.copy()
+    copy.tree_cache(root)["k"] = 1
+    assert copy.tree_cache(root) == {}
