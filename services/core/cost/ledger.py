@@ -693,8 +693,9 @@ def book_to_json(book: _Book) -> str:
     book and tick (the hours kept are the correction horizon: 168 by default, the whole trace
     in bench_replay). Each hour's text is kept in ``emitted_json`` until ``_emit`` changes that
     hour or the horizon drops it; only the rest of the book (facts, series, event ids) is
-    encoded per call. Standard ``json``: the exact usage sums exceed 64 bits. Same keys in the
-    same order as ``_book_to_dict`` (tests/unit/core/cost/test_cost_book_json.py compares them)."""
+    encoded per call. Standard ``json``: the exact usage sums exceed 64 bits. The fields around
+    ``emitted`` come from the same ``_book_head``/``_book_tail`` as ``_book_to_dict``
+    (tests/unit/core/cost/test_cost_book_json.py compares the two texts)."""
     emitted = book.emitted
     texts = book.emitted_json
     if len(texts) != len(emitted):  # not kept in step (a book built by hand): start over
@@ -704,28 +705,8 @@ def book_to_json(book: _Book) -> str:
         entries = {_key_text(key): entry for key, entry in emitted[hour].items()}
         texts[hour] = f'"{hour}":{_encode(entries)}'
     book.emitted_stale.clear()
-    head = _encode(
-        {
-            "uid": book.uid,
-            "namespace": book.namespace,
-            "workloadName": book.workload_name,
-            "labels": [list(pair) for pair in book.labels],
-            "seq": book.seq,
-            "resStarts": book.res_starts,
-            "resEnds": book.res_ends,
-            "podStarts": book.pod_starts,
-            "podEnds": book.pod_ends,
-            "allEnds": book.all_ends,
-            "finished": book.finished,
-            "billedThroughMs": book.billed_through_ms,
-        }
-    )
-    tail = _encode(
-        {
-            "series": {_key_text(key): values for key, values in book.series.items()},
-            "seen": sorted(book.seen),
-        }
-    )
+    head = _encode(_book_head(book))
+    tail = _encode(_book_tail(book))
     hours = ",".join(texts.values())  # type: ignore[arg-type]  # none is None any more
     return f'{head[:-1]},"emitted":{{{hours}}},{tail[1:]}'
 
@@ -749,7 +730,8 @@ def restore_books(state: CostState, books: Iterable[_Book]) -> CostState:
     return state
 
 
-def _book_to_dict(book: _Book) -> dict[str, Any]:
+def _book_head(book: _Book) -> dict[str, Any]:
+    """A book's fields before ``emitted``, in their stored order."""
     return {
         "uid": book.uid,
         "namespace": book.namespace,
@@ -763,12 +745,25 @@ def _book_to_dict(book: _Book) -> dict[str, Any]:
         "allEnds": book.all_ends,
         "finished": book.finished,
         "billedThroughMs": book.billed_through_ms,
+    }
+
+
+def _book_tail(book: _Book) -> dict[str, Any]:
+    """A book's fields after ``emitted``, in their stored order."""
+    return {
+        "series": {_key_text(key): values for key, values in book.series.items()},
+        "seen": sorted(book.seen),
+    }
+
+
+def _book_to_dict(book: _Book) -> dict[str, Any]:
+    return {
+        **_book_head(book),
         "emitted": {
             str(hour): {_key_text(key): entry for key, entry in entries.items()}
             for hour, entries in book.emitted.items()
         },
-        "series": {_key_text(key): values for key, values in book.series.items()},
-        "seen": sorted(book.seen),
+        **_book_tail(book),
     }
 
 

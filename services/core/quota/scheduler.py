@@ -100,11 +100,6 @@ def queue_order_key(wl: Workload) -> tuple[int, float, str]:
     return (-wl.priority, wl.created_at, wl.key)
 
 
-def _queue_order_of_pair(pair: tuple[Workload, int]) -> tuple[int, float, str]:
-    wl = pair[0]
-    return (-wl.priority, wl.created_at, wl.key)
-
-
 def resolve_cluster_queue(
     snapshot: Snapshot, wl: Workload
 ) -> tuple[ClusterQueueState | None, Decision | None]:
@@ -347,9 +342,9 @@ class _Queues:
 
     def seal(self) -> None:
         for lane in self.lanes.values():
-            order = sorted(range(len(lane.workloads)), key=lambda i: queue_order_key(lane.workloads[i]))
-            lane.workloads = [lane.workloads[i] for i in order]
-            lane.shapes = [lane.shapes[i] for i in order]
+            pairs = sorted(zip(lane.workloads, lane.shapes, strict=True), key=lambda pair: queue_order_key(pair[0]))
+            lane.workloads = [wl for wl, _ in pairs]
+            lane.shapes = [shape for _, shape in pairs]
         self.lanes = dict(sorted(self.lanes.items()))
         self.rewind()
 
