@@ -137,6 +137,33 @@ def read_envelope(value: bytes, wanted: frozenset[str] | None) -> Envelope | Non
 _current_batch: ContextVar[_Batch | None] = ContextVar("qm_batch", default=None)
 
 
+def mirror_pause(thread: Any, tps: list[Any], *, pause: bool) -> None:
+    """Pause (resume) partitions in aiokafka's consumer too, on the consumer's own thread
+    (ADR 0015); `thread` is faust's consumer thread (its `_consumer` and `thread_loop`).
+
+    faust pauses a partition only in its own bookkeeping (it stops asking aiokafka for its
+    records), and it keeps an active table's changelog partitions paused once recovered.
+    aiokafka still fetched them, so the first record this worker wrote to each changelog
+    partition came back and stayed unconsumed, and aiokafka's fetcher sends no fetch to a
+    broker while a partition of it holds unconsumed records, for up to 100 ms
+    (prefetch_backoff). Every input partition stalled 100 ms per changelog partition:
+    bench-queue's decisions in the first 1.3 s of a run took ~110 ms instead of ~10."""
+    consumer = getattr(thread, "_consumer", None)
+    loop = getattr(thread, "thread_loop", None)
+    if consumer is None or loop is None or loop.is_closed() or not tps:
+        return
+    aiokafka_tps = [ensure_aiokafka_TP(tp) for tp in tps]
+
+    def apply() -> None:
+        for tp in aiokafka_tps:
+            try:
+                consumer.pause(tp) if pause else consumer.resume(tp)
+            except Exception:  # noqa: BLE001, S110 - not assigned (any more): a new assignment starts unpaused and faust pauses it again
+                pass
+
+    loop.call_soon_threadsafe(apply)
+
+
 class _HandledOnlyConsumer(_KafkaConsumer):
     """faust's consumer, acknowledging a message of a `consume()`d topic only once the runtime
     has handled it and stored the result.
@@ -178,38 +205,12 @@ class _HandledOnlyConsumer(_KafkaConsumer):
     def pause_partitions(self, tps: Iterable[Any]) -> None:
         tps = list(tps)
         super().pause_partitions(tps)
-        self._mirror_pause(tps, pause=True)
+        mirror_pause(self._thread, tps, pause=True)
 
     def resume_partitions(self, tps: Iterable[Any]) -> None:
         tps = list(tps)
         super().resume_partitions(tps)
-        self._mirror_pause(tps, pause=False)
-
-    def _mirror_pause(self, tps: list[Any], *, pause: bool) -> None:
-        """Pause (resume) the partitions in aiokafka's consumer too, on its own thread.
-
-        faust pauses a partition only in its own bookkeeping (it stops asking aiokafka for its
-        records), and it keeps an active table's changelog partitions paused once recovered.
-        aiokafka still fetched them, so the first record this worker wrote to each changelog
-        partition came back and stayed unconsumed, and aiokafka's fetcher sends no fetch to a
-        broker while a partition of it holds unconsumed records, for up to 100 ms
-        (prefetch_backoff). Every input partition stalled 100 ms per changelog partition:
-        bench-queue's decisions in the first 1.3 s of a run took ~110 ms instead of ~10."""
-        thread = self._thread
-        consumer = getattr(thread, "_consumer", None)
-        loop = getattr(thread, "thread_loop", None)
-        if consumer is None or loop is None or loop.is_closed() or not tps:
-            return
-        aiokafka_tps = [ensure_aiokafka_TP(tp) for tp in tps]
-
-        def apply() -> None:
-            for tp in aiokafka_tps:
-                try:
-                    consumer.pause(tp) if pause else consumer.resume(tp)
-                except Exception:  # noqa: BLE001, S110 - not assigned (any more): a new assignment starts unpaused and faust pauses it again
-                    pass
-
-        loop.call_soon_threadsafe(apply)
+        mirror_pause(self._thread, tps, pause=False)
 
     @staticmethod
     async def _seek_now(consumer: Any, tp: Any, offset: int) -> None:
