@@ -78,16 +78,14 @@ def _ranked_reclaim_candidates(
     snapshot: Snapshot, preemptor: Preemptor, cq: ClusterQueueState, frs: set[FlavorResource], now: float
 ) -> list[AdmittedWorkload]:
     """Candidates in the borrowing ClusterQueues of the preemptor's cohort tree (its own
-    included), sorted by :func:`_rank`; empty without reclaimWithinCohort.
+    included), sorted by :func:`_rank`. Only for a ClusterQueue in a cohort that may reclaim
+    (ordered_candidates checks).
 
     They depend only on the tree's admitted set (and, for LowerPriority, the preemptor's
     priority): memoised per tree fingerprint (see Snapshot.tree_cache), sorted once instead
     of per nomination (a cohort's hundreds of candidates sorted with a key function were
     two thirds of bench-core's reclaim-any pass)."""
-    policy = cq.spec.preemption
-    if cq.node.parent is None or policy.reclaim_within_cohort is PreemptionPolicy.NEVER:
-        return []
-    only_lower = policy.reclaim_within_cohort is not PreemptionPolicy.ANY
+    only_lower = cq.spec.preemption.reclaim_within_cohort is not PreemptionPolicy.ANY
     cache = snapshot.tree_cache(cq.root_key)
     ckey = ("reclaim", frozenset(frs), preemptor.priority if only_lower else None, now)
     ranked = cache.get(ckey)
@@ -111,8 +109,8 @@ def ordered_candidates(
 ) -> list[AdmittedWorkload]:
     """Every candidate victim, in Kueue's preemption order: workloads already evicted first,
     then other ClusterQueues' before the preemptor's own, then lower priority, then the most
-    recently admitted, then by uid (the order of :func:`_order_key`, built by merging lists
-    that are each already in :func:`_rank` order)."""
+    recently admitted, then by uid. Built by merging lists that are each already in
+    :func:`_rank` order (tests/unit/core/quota/test_memo.py checks it against one sort)."""
     name = cq.name
     own = _own_candidates(preemptor, cq, frs)
     if len(own) > 1:
@@ -138,22 +136,12 @@ def ordered_candidates(
 
 
 def _rank(now: float):  # type: ignore[no-untyped-def]
-    """:func:`_order_key` without its ClusterQueue part."""
+    """Kueue's candidate order without its ClusterQueue part (other queues before the
+    preemptor's own), which ordered_candidates applies by merging."""
 
     def key(c: AdmittedWorkload) -> tuple[object, ...]:
         reserved = c.quota_reserved_at if c.quota_reserved_at is not None else now
         return (not c.evicted, c.priority, -reserved, c.uid or c.key, c.key)
-
-    return key
-
-
-def _order_key(cq_name: str, now: float):  # type: ignore[no-untyped-def]
-    """Kueue's candidate order for a preemptor in ``cq_name`` (the reference for
-    :func:`ordered_candidates`)."""
-
-    def key(c: AdmittedWorkload) -> tuple[object, ...]:
-        reserved = c.quota_reserved_at if c.quota_reserved_at is not None else now
-        return (not c.evicted, c.cluster_queue == cq_name, c.priority, -reserved, c.uid or c.key, c.key)
 
     return key
 

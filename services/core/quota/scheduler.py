@@ -121,12 +121,28 @@ def resolve_cluster_queue(
     return cq, None
 
 
-def _namespace_matches(snapshot: Snapshot, cq: ClusterQueueState, namespace: str) -> bool:
+def _selects_every_namespace(cq: ClusterQueueState) -> bool | None:
+    """True: the namespace selector is empty (matches all); False: there is none (matches
+    nothing); None: it depends on the namespace's labels."""
     selector = cq.spec.namespace_selector
     if selector is None:
         return False
     if not selector.match_labels and not selector.match_expressions:
         return True
+    return None
+
+
+def _queued_at_counts(cq: ClusterQueueState) -> bool:
+    """Whether a preemptor's queue time is part of its standing (LowerOrNewerEqualPriority)."""
+    return cq.spec.preemption.within_cluster_queue is PreemptionPolicy.LOWER_OR_NEWER_EQUAL_PRIORITY
+
+
+def _namespace_matches(snapshot: Snapshot, cq: ClusterQueueState, namespace: str) -> bool:
+    every = _selects_every_namespace(cq)
+    if every is not None:
+        return every
+    selector = cq.spec.namespace_selector
+    assert selector is not None
     ns = snapshot.namespaces.get(namespace)
     labels = ns.label_map() if ns is not None else {"kubernetes.io/metadata.name": namespace}
     return selector.matches(labels)
@@ -202,8 +218,7 @@ def _preemptor_key(cq: ClusterQueueState, preemptor: Preemptor, now: float) -> t
     when it cannot be memoised (a victim filter is a black box)."""
     if preemptor.may_preempt is not None:
         return None
-    newer = cq.spec.preemption.within_cluster_queue is PreemptionPolicy.LOWER_OR_NEWER_EQUAL_PRIORITY
-    return (cq.name, preemptor.priority, preemptor.queued_at if newer else None, now)
+    return (cq.name, preemptor.priority, preemptor.queued_at if _queued_at_counts(cq) else None, now)
 
 
 def _assign(
@@ -308,17 +323,9 @@ class _Lane:
         self.workloads: list[Workload] = []
         self.shapes: list[int] = []  # the workloads' pod-set shape ids, aligned
         self.pos = 0  # first index that may still be pending
-        spec = cq.spec
-        self.strict = spec.queueing_strategy is QueueingStrategy.STRICT_FIFO
-        selector = spec.namespace_selector
-        # the namespace selector matches every namespace: True; none: False; else None (ask)
-        self.matches_all = (
-            False
-            if selector is None
-            else (True if not selector.match_labels and not selector.match_expressions else None)
-        )
-        # queued_at is part of a preemptor's standing (see _preemptor_key)
-        self.newer = spec.preemption.within_cluster_queue is PreemptionPolicy.LOWER_OR_NEWER_EQUAL_PRIORITY
+        self.strict = cq.spec.queueing_strategy is QueueingStrategy.STRICT_FIFO
+        self.matches_all = _selects_every_namespace(cq)
+        self.newer = _queued_at_counts(cq)  # part of the nomination memo key, as of _preemptor_key
 
 
 class _Queues:
@@ -588,7 +595,7 @@ class _Scheduler:
             return  # a head that waits for the same reason again (drain cycles: hundreds of times)
         # the empty mappings passed, not left to their default factories: tens of thousands per drain
         self.decisions[key] = Decision(
-            e.wl.key, WorkloadStatus.PENDING, e.cq.name, reason, message, NO_ENTRIES, NO_ENTRIES
+            key, WorkloadStatus.PENDING, e.cq.name, reason, message, NO_ENTRIES, NO_ENTRIES
         )
 
     def evict(self, victims: list[PreemptionTarget]) -> None:

@@ -13,7 +13,6 @@ from services.core.quota import build_snapshot, drain, load_objects, run_cycles
 from services.core.quota.preemption import (
     Preemptor,
     _cq_is_borrowing,
-    _order_key,
     _own_candidates,
     ordered_candidates,
 )
@@ -105,6 +104,17 @@ def test_fingerprint_follows_the_admitted_set_and_survives_simulation():
     copy = snap.copy()
     assert copy.fingerprint(root) == snap.fingerprint(root)
     assert copy.tree_cache(root) == {}  # memos are never shared with copies
+
+
+def _order_key(cq_name, now):
+    """Kueue's candidate order for a preemptor in ``cq_name``: evicted first, other queues'
+    first, lower priority, most recently admitted, uid."""
+
+    def key(c):
+        reserved = c.quota_reserved_at if c.quota_reserved_at is not None else now
+        return (not c.evicted, c.cluster_queue == cq_name, c.priority, -reserved, c.uid or c.key, c.key)
+
+    return key
 
 
 def _reference_candidates(snap, preemptor, cq, frs, now):
