@@ -341,7 +341,9 @@ class ServiceRuntime:
 
         `batched=True` stages table writes per batch of up to QM_BATCH_SIZE events: only for
         an agent that is the sole writer of its tables (another agent would not see the
-        staged values).
+        staged values). It also awaits the batch's output acknowledgements once, at its end:
+        use it for agents that publish and write no table (forwarders, admission), which
+        otherwise wait one broker round trip per event.
 
         `reads`: the payload types the handler acts on. Messages of any other known event
         type are passed over once parsed, without schema validation or a payload object (a

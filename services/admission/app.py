@@ -86,7 +86,10 @@ async def on_cluster_event(envelope: Envelope, event) -> None:
     await runtime.publish(decide(envelope.payload, envelope))
 
 
-runtime.consume("qm.cluster", on_cluster_event)
+# Batched: a batch's decisions are sent together and their acknowledgements awaited once, at its
+# end. One at a time, each submission waited for its decision's broker round trip and the agent
+# spent ~75% of the baseline bench's submission burst waiting (p50 submitted -> validated 7 s).
+runtime.consume("qm.cluster", on_cluster_event, batched=True)
 
 
 @runtime.app.task
