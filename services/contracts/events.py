@@ -160,6 +160,16 @@ class ClockTick:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DrainDue:
+    """Quota was freed while the cohort's last drain was in flight; one drain judges it all now."""
+
+    EVENT_TYPE = "queue.drain_due.v1"
+
+    cohort: str
+    since: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterSignals:
     """Live cluster figures at a tick, for the dynamic quota rules of one cohort."""
 
@@ -510,6 +520,7 @@ RECORD_TYPES: dict[str, type] = {
     "preemption.needed.v1": PreemptionNeeded,
     "preemption.victims_selected.v1": PreemptionVictimsSelected,
     "quota.limits_changed.v1": QuotaLimitsChanged,
+    "queue.drain_due.v1": DrainDue,
     "usage.snapshot.v1": UsageSnapshot,
     "workload.deactivated.v1": WorkloadDeactivated,
     "workload.evicted.v1": WorkloadEvicted,

@@ -75,6 +75,7 @@ context = fold.Context(
     max_expiries=int(os.environ.get("QM_MAX_EXPIRIES", 3)),
     zombie_ttl_s=float(os.environ.get("QM_ZOMBIE_TTL_S", 600)),
     preemption_answer_timeout_s=float(os.environ.get("QM_PREEMPTION_ANSWER_TIMEOUT_S", 60)),
+    coalesce_drains=os.environ.get("QM_COALESCE_DRAINS", "1") != "0",  # ADR 0016
     node_labels=config.node_labels(),
     quota_rules=quota_rules,
 )

@@ -11,6 +11,8 @@ JSON-able dict so it can live in a faust table:
     now       the latest event time seen (epoch seconds)
     limits    "cq|flavor|resource" -> the borrowingLimit a QuotaRule set (milli, None: no
               limit); absent: the configured one. Set only by cluster.signals.v1 events.
+    draining  present while the queue.drain_due.v1 of this cohort's last drain is on its way
+    due       the event time of the first change since then that waits for it (ADR 0016)
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from services.contracts.events import (
     ActionCleanup,
     ClockTick,
     ClusterSignals,
+    DrainDue,
     NodeCapacity,
     PodFinished,
     PodRunning,
@@ -79,6 +82,9 @@ class Context:
     cache_key: str | None = None  # the table key (the cohort): the shell keeps this cohort's quota tree by it
     node_labels: dict[str, dict[str, str]] = field(default_factory=dict)  # flavor -> node labels
     quota_rules: tuple[quota_rules.QuotaRule, ...] = ()  # dynamic borrowingLimits (QuotaRule objects)
+    # Changes that free quota while the cohort's last drain is in flight wait for its
+    # queue.drain_due.v1 and are drained together (ADR 0016). Off: every change drains at once.
+    coalesce_drains: bool = False
 
 
 def empty_state() -> dict[str, Any]:
@@ -98,7 +104,7 @@ def iso(seconds: float) -> str:
 #: What the fold reads on qm.workloads. Everything else there (its own decisions, admission's
 #: rejections) changes nothing, not even the fold's clock, so the shell may skip it unread.
 FOLDED = (WorkloadValidated, NodeCapacity, PodRunning, PodFinished, WorkloadRunning, WorkloadFinished, ClockTick,
-          PreemptionVictimsSelected, ClusterSignals)
+          PreemptionVictimsSelected, ClusterSignals, DrainDue)
 
 
 def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, list[Output]]:
@@ -133,6 +139,8 @@ def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, l
             "eligible_at": 0.0,
             "attempts": 0,
         })
+        if "due" in state:
+            return state, outputs  # the coming drain judges it in its place among the waiting
         # An arrival frees no quota, so under BestEffortFIFO only the newcomer can newly fit;
         # under StrictFIFO it may have to queue behind its ClusterQueue's head.
         spec = ctx.objects.cluster_queues.get(payload.cluster_queue)
@@ -170,8 +178,20 @@ def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, l
         expired = _expire_idle_reservations(state, ctx, emit)
         expired = _clean_up_zombies(state, ctx, emit) or expired
         woke = any(previous_now < w["eligible_at"] <= state["now"] for w in state["pending"].values())
-        if not expired and not woke:
+        if not expired and not woke and "due" not in state:
             return state, outputs  # time passed, nothing that decides changed
+        # A tick drains at once, and closes the window: a drain_due that got lost (or is
+        # late) cannot keep the cohort's changes waiting for longer than one tick.
+        state.pop("draining", None)
+        state.pop("due", None)
+        _drain(state, ctx, emit)
+        return state, outputs
+    elif isinstance(payload, DrainDue):
+        if "due" not in state:
+            state.pop("draining", None)  # nothing waited: the window closes
+            return state, outputs
+        state.pop("due")
+        state.pop("draining", None)
     elif isinstance(payload, PreemptionVictimsSelected):
         if not _apply_preemption(state, payload, ctx, emit):
             return state, outputs
@@ -182,8 +202,29 @@ def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, l
     else:
         return state, outputs  # our own outputs and other services' events on qm.workloads
 
-    _drain(state, ctx, emit, only=only)
+    if only is not None:
+        _drain(state, ctx, emit, only=only)
+    else:
+        _drain_all(state, ctx, emit)
     return state, outputs
+
+
+def _drain_all(state: dict, ctx: Context, emit: _Emitter) -> None:
+    """A change after which any waiting workload may fit. A quiet cohort drains at once and
+    sends itself a queue.drain_due.v1; changes that arrive before it comes back wait for it and
+    are drained together. A busy cohort so drains once per round trip of its own stream, not
+    once per finish, and the drains happen at the same places in the stream on every replay
+    (ADR 0016)."""
+    if not ctx.coalesce_drains or ctx.cache_key is None:
+        _drain(state, ctx, emit)
+        return
+    if "draining" in state:
+        state.setdefault("due", state["now"])
+        return
+    _drain(state, ctx, emit)
+    state["draining"] = True
+    emit.add("qm.workloads", ctx.cache_key, DrainDue(cohort=ctx.cache_key, since=iso(state["now"])),
+             identity=(ctx.cache_key, "drain-due", emit.cause.event_id))
 
 
 def _limit_key(key: tuple[str, str, str]) -> str:
