@@ -496,6 +496,11 @@ class _Scheduler:
         progress = False
         issued: list[PreemptionTarget] = []
         preempted: dict[str, PreemptionTarget] = {}
+        # The cycle's victims stay out of the snapshot until it ends, so each later entry
+        # simulates removing only its own targets (Kueue removes all of them again per entry:
+        # quadratic in a cycle with many preemptors). Usage is a function of the admitted set,
+        # whatever the order of removals and additions, so every check sees the same tree.
+        victims_out: list[AdmittedWorkload] = []
         temporary: list[tuple[Node, tuple[str, str], int]] = []
         set_aside: list[_Entry] = []
         for e in entries:
@@ -513,7 +518,7 @@ class _Scheduler:
                 self._pending(e, Reason.WAITING_FOR_QUOTA, e.message)
                 set_aside.append(e)
                 if cq.spec.preemption.reclaim_within_cohort is not PreemptionPolicy.ANY:
-                    for fr, value in _reserve(e):
+                    for fr, value in self._reserve_with_victims_in(e, victims_out):
                         add_usage(cq.node, fr, value)
                         temporary.append((cq.node, fr, value))
                 continue
@@ -521,14 +526,14 @@ class _Scheduler:
                 self._pending(e, Reason.FAILED_AFTER_NOMINATION, OVERLAPPING_TARGETS)
                 continue
             usage = e.assignment.usage
-            removal = [k for k in preempted] + [t.workload for t in e.targets]
-            undo = snap.simulate_removal(removal) if removal else None
+            removed = [snap.remove_workload(t.workload) for t in e.targets]
             fits = fits_in(cq.node, usage)
-            if undo is not None:
-                undo()
             if not fits:
+                for victim in reversed(removed):
+                    snap.add_workload(victim)
                 self._pending(e, Reason.FAILED_AFTER_NOMINATION, NO_LONGER_FITS)
                 continue
+            victims_out += removed
             for t in e.targets:
                 preempted[t.workload] = t
             if mode is AssignmentMode.PREEMPT:
@@ -578,6 +583,8 @@ class _Scheduler:
             progress = True
         for node, fr, value in reversed(temporary):
             remove_usage(node, fr, value)
+        for victim in reversed(victims_out):
+            snap.add_workload(victim)
         inadmissible = self.queues.inadmissible
         for e in set_aside:
             # BestEffortFIFO: the head steps aside until quota is freed; StrictFIFO: it stays.
@@ -587,6 +594,15 @@ class _Scheduler:
                     inadmissible.add(key)
                     progress = True
         return progress, issued
+
+    def _reserve_with_victims_in(self, e: _Entry, victims_out: list[AdmittedWorkload]) -> list[tuple[tuple[str, str], int]]:
+        """_reserve as Kueue computes it: with the cycle's victims still counted."""
+        for victim in victims_out:
+            self.snap.add_workload(victim)
+        reserved = _reserve(e)
+        for victim in victims_out:
+            self.snap.remove_workload(victim.key)
+        return reserved
 
     def _pending(self, e: _Entry, reason: Reason, message: str) -> None:
         key = e.wl.key
