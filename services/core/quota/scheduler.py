@@ -316,7 +316,7 @@ class _Lane:
     """One ClusterQueue's pending workloads in queue order, with what each nomination reads of
     the queue's spec (fixed for the pass)."""
 
-    __slots__ = ("cq", "workloads", "shapes", "pos", "strict", "matches_all", "newer")
+    __slots__ = ("cq", "workloads", "shapes", "pos", "strict", "matches_all", "newer", "preempting")
 
     def __init__(self, cq: ClusterQueueState) -> None:
         self.cq = cq
@@ -326,6 +326,9 @@ class _Lane:
         self.strict = cq.spec.queueing_strategy is QueueingStrategy.STRICT_FIFO
         self.matches_all = _selects_every_namespace(cq)
         self.newer = _queued_at_counts(cq)  # part of the nomination memo key, as of _preemptor_key
+        # drain: the head issued preemptions and stays the head until its victims are gone, as
+        # Kueue's (requeued at once, sticky): nothing behind it is nominated in this pass
+        self.preempting = False
 
 
 class _Queues:
@@ -431,6 +434,8 @@ class _Scheduler:
         inadmissible = q.inadmissible
         live = []
         for lane in q.live:
+            if lane.preempting:
+                continue
             wls = lane.workloads
             i = lane.pos
             n = len(wls)
@@ -557,6 +562,7 @@ class _Scheduler:
                 progress = True
                 if drain:
                     self.done.add(wl.key)
+                    self.queues.lanes[cq.name].preempting = True
                 continue
             snap.add_workload(
                 AdmittedWorkload(
@@ -669,7 +675,8 @@ def drain(
     """Cycles until nothing changes: everything that fits is admitted in one pass.
 
     Preemptions are decided (status Preempting) but not carried out: victims keep their
-    quota until the caller removes them from the snapshot.
+    quota until the caller removes them from the snapshot, and the preemptor stays its
+    queue's head (Kueue's sticky head), so nothing behind it is nominated in this pass.
 
     `in_place`: work on `snapshot` itself instead of a copy; it ends as the result's snapshot,
     with exactly the admitted workloads added. For a caller that keeps one snapshot per cohort

@@ -192,3 +192,25 @@ def test_schedule_does_not_mutate_the_snapshot():
     assert snap.usage() == {"a": {}}
     assert result.snapshot.usage() == {"a": {"f": {GPU: 2000}}}
     assert result.snapshot.workloads["default/w"].quota_reserved_at == T0
+
+
+def test_drain_keeps_a_preempting_head_at_the_head_of_its_queue():
+    """Kueue requeues a workload that issued preemptions at once and keeps it at the head
+    (sticky) until its victims are gone: nothing behind it is nominated meanwhile, even what
+    would fit in what the victims leave."""
+    docs = [
+        F,
+        *lqs("a"),
+        make_cq("a").gpu("f", 4).preemption(within="LowerPriority").obj(),
+        make_wl("low").queue("a").gpu(3).admitted("a", "f").obj(),
+        make_wl("vip").queue("a").priority(10).gpu(4).created(1).obj(),
+        make_wl("small").queue("a").priority(5).gpu(1).created(2).obj(),
+    ]
+    got = schedule(docs, mode="drain")
+    assert got["default/vip"].status is WorkloadStatus.PREEMPTING
+    assert [t.workload for t in got["default/vip"].preempts] == ["default/low"]
+    assert got["default/small"].status is WorkloadStatus.PENDING
+    assert got["default/small"].reason is Reason.QUEUED
+    # a cycle at a time, the victims' eviction completes after the first: vip, then small
+    cycles = schedule(docs, cycles=3)
+    assert cycles["default/vip"].status is WorkloadStatus.ADMITTED
