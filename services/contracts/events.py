@@ -161,7 +161,8 @@ class ClockTick:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DrainDue:
-    """Quota was freed while the cohort's last drain was in flight; one drain judges it all now."""
+    """The queue-manager's note to itself on a cohort's stream: the cohort drained at `since`;
+    what freed quota until this note came back is drained together now (ADR 0016)."""
 
     EVENT_TYPE = "queue.drain_due.v1"
 
