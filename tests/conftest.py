@@ -27,7 +27,8 @@ def _broker_answers() -> bool:
 
 # Names of the topics a test run makes: a test's prefix (t<10 hex>.), the demo's and the seed
 # scenario's per-run prefixes, and faust's internal topics of apps named with a per-run suffix.
-RUN_TOPIC = re.compile(r"^(t[0-9a-f]{10}\.|(demo|seed)-[0-9a-f]{8}\.|qm-[a-z-]+-(demo-|seed-)?[0-9a-f]{8}-)")
+# Internal topics of a benchmark (qm-<service>-bench-<hex>-...) are a concurrent run's, never ours.
+RUN_TOPIC = re.compile(r"^(t[0-9a-f]{10}\.|(demo|seed)-[0-9a-f]{8}\.|qm-(?![a-z-]*-bench-)[a-z-]+-(demo-|seed-)?[0-9a-f]{8}-)")
 
 
 async def _topic_names(bootstrap: str) -> set[str]:
