@@ -59,10 +59,18 @@ spec: {costCenterLabel: quartermaster.dev/cost-center, correctionHorizonHours: 4
 """
 
 
-def env_for(prefix: str, suffix: str, tmp_path) -> dict[str, str]:
+BUDGET = """\
+apiVersion: quartermaster.dev/v1alpha1
+kind: Budget
+metadata: {name: ml-monthly-gpu}
+spec: {costCenter: cc-ml, period: Monthly, limit: {gpuHours: "20"}, thresholdsPercent: [50]}
+"""
+
+
+def env_for(prefix: str, suffix: str, tmp_path, *, budget: bool = False) -> dict[str, str]:
     config_dir = tmp_path / "config"
     config_dir.mkdir(exist_ok=True)
-    (config_dir / "cost.yaml").write_text(CONFIG)
+    (config_dir / "cost.yaml").write_text(CONFIG + ("---\n" + BUDGET if budget else ""))
     return {
         "QM_TOPIC_PREFIX": prefix,
         "QM_APP_ID_SUFFIX": suffix,
@@ -181,7 +189,8 @@ async def test_running_0940_to_1110_is_three_rows_summing_to_1_5_x_gpus(kafka_bo
                                                              finished_at=end), end, "done")),
                  tick("2026-11-29T12:00:00Z")]
     await publish(kafka_bootstrap, topic_prefix, messages)
-    worker = start_worker("services.cost_accounting", env_for(topic_prefix, suffix, tmp_path), tmp_path / "w.log")
+    worker = start_worker("services.cost_accounting", env_for(topic_prefix, suffix, tmp_path, budget=True),
+                          tmp_path / "w.log")
     try:
         worker.wait_ready()
 
@@ -189,6 +198,13 @@ async def test_running_0940_to_1110_is_three_rows_summing_to_1_5_x_gpus(kafka_bo
             return len(await ledger(kafka_bootstrap, topic_prefix)) >= 3
 
         await wait_for(three_rows, 30, "three running rows")
+        budgets = []
+
+        async def budget_counts_them():  # the rows re-keyed by cost center and folded (fold_budgets)
+            budgets[:] = [e.payload async for _, e in read_envelopes(kafka_bootstrap, topic_prefix + "qm.budgets")]
+            return any(b.cost_center == "cc-ml" and Decimal(b.used) == 12 for b in budgets)
+
+        await wait_for(budget_counts_them, 30, "cc-ml's budget to count the 12 GPU-hours")
         await asyncio.sleep(1.0)
         rows = [r.payload for r in await ledger(kafka_bootstrap, topic_prefix)]
         with urllib.request.urlopen(
@@ -205,6 +221,9 @@ async def test_running_0940_to_1110_is_three_rows_summing_to_1_5_x_gpus(kafka_bo
     ]
     assert sum(Decimal(r.x_GpuHours) for r in rows) == Decimal("1.5") * 8
     assert view["data"][0]["cc-ml"]["gpuHours"] == 12.0 and view["data"][0]["cc-ml"]["idle"] == 0.0
+    final = [b for b in budgets if b.cost_center == "cc-ml"][-1]
+    assert (final.limit, Decimal(final.remaining), final.exhausted) == ("20", 8, False)
+    assert any(b.thresholds_crossed for b in budgets)  # 12 of 20 is past 50%
 
 
 TRACE_CSV = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces" / "alibaba-gpu-v2023" / "openb_pod_list_default.csv"
