@@ -187,11 +187,9 @@ def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, l
         _drain(state, ctx, emit)
         return state, outputs
     elif isinstance(payload, DrainDue):
-        if "due" not in state:
-            state.pop("draining", None)  # nothing waited: the window closes
-            return state, outputs
-        state.pop("due")
         state.pop("draining", None)
+        if state.pop("due", None) is None:
+            return state, outputs  # nothing waited: the window closes
     elif isinstance(payload, PreemptionVictimsSelected):
         if not _apply_preemption(state, payload, ctx, emit):
             return state, outputs
