@@ -12,7 +12,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,10 +77,10 @@ class _Batch:
     """What one batch of events has staged: output acknowledgements to wait for, and table
     values to hand to the runtime once they have arrived."""
 
-    def __init__(self, cursors: Any = None) -> None:
+    def __init__(self, owner: int = 0) -> None:
         self.acks: list[Any] = []
         self.writes: dict[tuple[int, str], tuple[Any, str, Any, Any]] = {}
-        self.cursors = cursors  # the agent's applied-offset table
+        self.owner = owner  # the agent (the id of its first applied-offset table)
         self.next_offsets: dict[Any, tuple[int, Any]] = {}  # tp -> (next offset, last event)
         self.first_offsets: dict[Any, int] = {}  # tp -> offset of the first event applied
 
@@ -92,14 +92,16 @@ class _Batch:
 class _Unstored:
     """A table value applied in memory whose changelog record is not written yet (ADR 0014)."""
 
-    __slots__ = ("table", "key", "value", "event", "owner", "tp", "first_offset", "since", "events", "version")
+    __slots__ = ("table", "key", "value", "event", "owner", "tp", "holds", "since", "events", "version")
 
-    def __init__(self, table: Any, key: str, value: Any, event: Any, owner: int, first_offset: int,
+    def __init__(self, table: Any, key: str, value: Any, event: Any, owner: int, holds: dict[Any, int],
                  since: float) -> None:
         self.table, self.key, self.value, self.event = table, key, value, event
-        self.owner = owner  # the agent that writes it (id of its applied-offset table)
-        self.tp = event.message.tp
-        self.first_offset = first_offset  # the first event applied to it after its last store
+        self.owner = owner  # the agent that writes it (id of its first applied-offset table)
+        self.tp = event.message.tp  # the partition whose store interval it keeps
+        # per source partition, the first event applied to it after its last store: an agent
+        # of two co-partitioned topics (the preemption service) folds both into one value
+        self.holds = holds
         self.since = since
         self.events = 1
         self.version = 0
@@ -305,7 +307,9 @@ class ServiceRuntime:
         self._seen_index: dict[tuple[int, str], tuple[list[str], set[str]]] = {}
         self._unstored: dict[tuple[int, str], _Unstored] = {}
         self._last_event: dict[Any, Any] = {}  # tp -> the last event applied (to route a cursor store)
-        self._in_flight: dict[int, int] = {}  # agent (id of its cursor table) -> batches under way
+        self._in_flight: dict[int, int] = {}  # agent (id of its first cursor table) -> batches under way
+        self._owners: dict[str, int] = {}  # consumed topic -> the agent that applies it
+        self._base_names: dict[str, str] = {}  # consumed topic -> its topics.yaml name
         self.store_interval_s = STORE_INTERVAL_S
         self.app.timer(max(STORE_INTERVAL_S, 0.1), name="store_idle")(self._store_idle)
         self.app.on_partitions_revoked.connect(self._on_revoked)
@@ -324,6 +328,7 @@ class ServiceRuntime:
         if name not in self._topics:
             base = name.removesuffix(".dlq")
             spec = topic_specs()[base]
+            self._base_names[self.settings.topic(name)] = name
             self._topics[name] = self.app.topic(
                 self.settings.topic(name),
                 key_serializer="raw",
@@ -333,11 +338,22 @@ class ServiceRuntime:
             )
         return self._topics[name]
 
+    def co_partitioned(self, names: Sequence[str]) -> faust.TopicT:
+        """One source over several topics.yaml topics with the same partition count: an agent
+        that reads them all is the only writer of the tables it keys by partition."""
+        topics = [self.topic(name) for name in names]
+        partitions = {topic.partitions for topic in topics}
+        if len(partitions) != 1:
+            raise RuntimeError(f"{', '.join(names)} must have the same partition count to be read by one agent")
+        return self.app.topic(*(t.get_topic_name() for t in topics), key_serializer="raw", value_serializer="raw",
+                              partitions=partitions.pop(), internal=False)  # fmt: skip
+
     def consume(
-        self, topic_name: str, handler: Handler, *, agent_name: str | None = None, batched: bool = False,
-        reads: Iterable[type] | None = None,
+        self, topic_name: str | Sequence[str], handler: Handler, *, agent_name: str | None = None,
+        batched: bool = False, reads: Iterable[type] | None = None,
     ) -> None:
-        """Run `handler(envelope, event)` for every readable message of a topic.
+        """Run `handler(envelope, event)` for every readable message of a topic (or of several
+        co-partitioned topics, in one agent: see `co_partitioned`).
 
         `batched=True` stages table writes per batch of up to QM_BATCH_SIZE events: only for
         an agent that is the sole writer of its tables (another agent would not see the
@@ -354,10 +370,13 @@ class ServiceRuntime:
         Unreadable or invalid messages go to `<topic>.dlq` with the reason in headers, and
         the stream goes on. A handler's unexpected exception dead-letters that message too
         (with the exception named), so one bad event cannot stop a service."""
-        source = self.topic(topic_name)
+        names = [topic_name] if isinstance(topic_name, str) else list(topic_name)
+        source = self.topic(names[0]) if len(names) == 1 else self.co_partitioned(names)
+        label = "+".join(names)
         runtime = self
 
         async def handle(event) -> None:
+            topic_name = runtime._base_names.get(event.message.topic, label)
             MESSAGES_CONSUMED.labels(runtime.settings.service, topic_name).inc()
             token = _faust_current_event.set(weakref.ref(event))
             try:
@@ -368,6 +387,7 @@ class ServiceRuntime:
         wanted = None if reads is None else frozenset(record.EVENT_TYPE for record in reads)
 
         async def handle_current(event) -> None:
+            topic_name = runtime._base_names.get(event.message.topic, label)
             try:
                 envelope = read_envelope(event.value, wanted)
                 if envelope is None:
@@ -400,21 +420,26 @@ class ServiceRuntime:
 
         async def agent(stream):
             async for events in batches(stream):
-                await runtime.process(events, handle, topic_name, defer=batched)
+                await runtime.process(events, handle, label, defer=batched)
 
-        agent.__name__ = agent_name or f"consume_{topic_name.replace('.', '_')}"
+        agent.__name__ = agent_name or f"consume_{'_'.join(names).replace('.', '_')}"
         self.app.agent(source, name=agent.__name__)(agent)
         self.guard(source, agent.__name__)
 
     def guard(self, source: faust.TopicT, agent_name: str) -> None:
         """Acknowledge messages of this topic only once `process()` has handled them, and keep
-        the offset up to which its partitions are applied in a table of their own."""
-        name = source.get_topic_name()
-        self.app.qm_guarded_topics.add(name)
-        self._cursor_tables[name] = self.table(
-            f"{agent_name}-applied", partitions=source.partitions or 1,
-            help=f"next offset of {name} to apply, per partition",
-        )
+        the offset up to which its partitions are applied in a table of their own (one per
+        topic when the agent reads several)."""
+        names = list(source.topics)
+        owner = None
+        for name in names:
+            self.app.qm_guarded_topics.add(name)
+            table_name = f"{agent_name}-applied" if len(names) == 1 else f"{agent_name}-{self._base_names[name]}-applied"
+            self._cursor_tables[name] = self.table(
+                table_name, partitions=source.partitions or 1, help=f"next offset of {name} to apply, per partition",
+            )
+            owner = owner or id(self._cursor_tables[name])
+            self._owners[name] = owner
 
     async def process(
         self, events: list[Any], handle: Callable[[Any], Awaitable[None]], label: str, *, defer: bool = False
@@ -428,10 +453,9 @@ class ServiceRuntime:
         so the partition is read again from the cursor. Outputs of a batch are awaited
         together, then its states stored, then the cursors. A batch that a rebalance overtook
         stores nothing: its events are read again by whoever owns the partition now."""
-        cursors = self._cursor_tables.get(events[0].message.topic) if events else None
-        batch = _Batch(cursors)
+        owner = self._owners.get(events[0].message.topic, 0) if events else 0
+        batch = _Batch(owner)
         token = _current_batch.set(batch)
-        owner = id(cursors)
         self._in_flight[owner] = self._in_flight.get(owner, 0) + 1
         try:
             handled = []
@@ -477,22 +501,27 @@ class ServiceRuntime:
         for ack in batch.acks:
             await ack
         now = time.monotonic()
-        owner = id(batch.cursors)
+        owner = batch.owner
+        # per partition number, the batch's first event of each source partition: the key's own
+        # first write in the batch is not kept, and these are no later (a key lives in one
+        # partition number; an agent of two co-partitioned topics reads it from both)
+        holds_by_partition: dict[int, dict[Any, int]] = {}
+        for tp, first in batch.first_offsets.items():
+            holds_by_partition.setdefault(tp.partition, {})[tp] = first
         for table, key, value, event in batch.writes.values():
-            # the batch's first event of the partition: the key's own first write in the batch
-            # is not kept, and this one is no later
-            first = batch.first_offsets.get(event.message.tp, event.message.offset)
-            self._note_unstored(table, key, value, event, owner, first, now)
+            message = event.message
+            holds = holds_by_partition.get(message.partition) or {message.tp: message.offset}
+            self._note_unstored(table, key, value, event, owner, holds, now)
         for tp, (offset, last) in batch.next_offsets.items():
             self._next_offset[tp] = offset
             self._last_event[tp] = last
         # only an agent that is its tables' sole writer (`batched`) may leave values unstored
         stored_tps = await self._store_due(now, owner, everything=not defer or self.store_interval_s <= 0)
-        await self._store_cursors(batch.cursors, batch.next_offsets, stored_tps)
+        await self._store_cursors(batch.next_offsets, stored_tps)
         await self._store_tps(stored_tps - batch.next_offsets.keys())  # values of other partitions
 
     def _note_unstored(
-        self, table: Any, key: str, value: Any, event: Any, owner: int, first_offset: int, now: float
+        self, table: Any, key: str, value: Any, event: Any, owner: int, holds: dict[Any, int], now: float
     ) -> None:
         table.data[key] = value
         slot = (id(table), key)
@@ -500,9 +529,11 @@ class ServiceRuntime:
         # last applied, so a fold's own bookkeeping record, staged last, is written last.
         hit = self._unstored.pop(slot, None)
         if hit is None:
-            self._unstored[slot] = _Unstored(table, key, value, event, owner, first_offset, now)
+            self._unstored[slot] = _Unstored(table, key, value, event, owner, dict(holds), now)
             return
         hit.value, hit.event = value, event
+        for tp, first in holds.items():
+            hit.holds.setdefault(tp, first)  # the earlier first event stays held
         hit.events += 1
         hit.version += 1
         self._unstored[slot] = hit
@@ -531,6 +562,7 @@ class ServiceRuntime:
         if not due_tps:
             return set()
         due = [u for u in self._unstored.values() if u.tp in due_tps]
+        due_tps = {tp for u in due for tp in u.holds}  # the cursors they held may move on
         # What the table holds now: the value noted, unless a rebalance's recovery put the
         # stored one back (then the held cursor replays onto it)
         sent = [(u, u.version, _store(u.table, u.key, u.table.data.get(u.key, u.value), u.event)) for u in due]
@@ -545,16 +577,17 @@ class ServiceRuntime:
 
     def _held_at(self, tp: Any) -> int | None:
         """The first offset of the partition whose effect is not in a stored value, if any."""
-        firsts = [u.first_offset for u in self._unstored.values() if u.tp == tp]
+        firsts = [u.holds[tp] for u in self._unstored.values() if tp in u.holds]
         return min(firsts) if firsts else None
 
-    async def _store_cursors(self, cursors: Any, next_offsets: dict[Any, tuple[int, Any]], stored_tps: set[Any]) -> None:
+    async def _store_cursors(self, next_offsets: dict[Any, tuple[int, Any]], stored_tps: set[Any]) -> None:
         """Store each partition's cursor: the next offset to apply, held back to the first
         event of a value not yet stored. Stored after values were written (so a restart does
         not replay them), else only when it trails by CURSOR_LAG_MAX: re-applying events that
         stored nothing after a restart stores nothing and re-sends outputs with the same ids."""
         acks = []
         for tp, (offset, event) in next_offsets.items():
+            cursors = self._cursor_tables[tp.topic]
             held = self._held_at(tp)
             target = offset if held is None else min(offset, held)
             stored = cursors.data.get(str(tp.partition))
@@ -578,7 +611,7 @@ class ServiceRuntime:
             offset = self._next_offset.get(tp)
             event = self._last_event.get(tp)
             if cursors is not None and offset is not None and event is not None:
-                await self._store_cursors(cursors, {tp: (offset, event)}, {tp})
+                await self._store_cursors({tp: (offset, event)}, {tp})
 
     async def _freeze_startup_objects(self, *_app: Any) -> None:
         frozen = freeze_startup_objects()

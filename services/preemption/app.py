@@ -5,12 +5,15 @@ allowed candidates only, filtered by the PreemptionPolicy in services/core/preem
     qm.preemption (keyed by cohort) PreemptionNeeded -> VictimsSelected (same topic) + Evict (qm.actions)
     qm.workloads  (keyed by cohort) lifecycle        -> victim history (started, preempted, finished)
 Both topics are keyed by cohort with the same partition count, so one table keyed by cohort
-serves both agents; a lock per key keeps the two agents from interleaving on one key.
+serves both, and one batched agent reads both: the table's only writer, its values stored
+once per batch (or store interval), not once per event. As two agents, each storing the
+cohort's whole history after every lifecycle event, the service used more CPU than the
+queue-manager (kueue-baseline at scale 0.2: 16.4 s against 15.2 s) and lagged 100,000+
+records in kueue-large-scale.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 
 from prometheus_client import Counter
@@ -46,11 +49,10 @@ if topic_specs()["qm.preemption"].partitions != topic_specs()["qm.workloads"].pa
     raise RuntimeError("qm.preemption and qm.workloads must have the same partition count (one table per cohort)")
 history = runtime.table("victim_history", partitions=topic_specs()["qm.preemption"].partitions,
                         help="preemption history per cohort")
-_locks: dict[str, asyncio.Lock] = {}
 
 
 async def _apply(key: str, envelope: Envelope) -> list:
-    """The fold under the key's lock; returns the outputs published (empty for a duplicate)."""
+    """The fold; returns the outputs published (empty for a duplicate)."""
     published: list = []
 
     def run(state, env):
@@ -58,13 +60,15 @@ async def _apply(key: str, envelope: Envelope) -> list:
         published.extend(outputs)
         return state, outputs
 
-    async with _locks.setdefault(key, asyncio.Lock()):
-        applied = await runtime.apply_once(history, key, envelope, run)
+    applied = await runtime.apply_once(history, key, envelope, run)
     return published if applied else []
 
 
-async def on_preemption_event(envelope: Envelope, event) -> None:
+async def on_event(envelope: Envelope, event) -> None:
     payload = envelope.payload
+    if isinstance(payload, LIFECYCLE):
+        await _apply(event.key.decode() if event.key else payload.uid, envelope)
+        return
     if not isinstance(payload, PreemptionNeeded):
         return  # our own answers
     key = event.key.decode() if event.key else payload.cohort
@@ -84,15 +88,8 @@ async def on_preemption_event(envelope: Envelope, event) -> None:
     )
 
 
-async def on_workload_event(envelope: Envelope, event) -> None:
-    if not isinstance(envelope.payload, LIFECYCLE):
-        return
-    key = event.key.decode() if event.key else envelope.payload.uid
-    await _apply(key, envelope)
-
-
-runtime.consume("qm.preemption", on_preemption_event, reads=[PreemptionNeeded])
-runtime.consume("qm.workloads", on_workload_event, reads=LIFECYCLE)
+runtime.consume(("qm.preemption", "qm.workloads"), on_event, agent_name="fold_history", batched=True,
+                reads=[PreemptionNeeded, *LIFECYCLE])
 
 
 @runtime.app.page("/history")

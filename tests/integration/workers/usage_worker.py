@@ -9,6 +9,8 @@ queue-manager keeps its usage tables, and publishes each namespace's new total o
 
 from __future__ import annotations
 
+import os
+
 from services.adapters.runtime import Output, ServiceRuntime
 from services.adapters.settings import Settings
 from services.contracts.codec import Envelope, make_envelope
@@ -45,7 +47,10 @@ async def on_workload_event(envelope: Envelope, event) -> None:
     await runtime.apply_once(usage, envelope.payload.namespace, envelope, fold)
 
 
-runtime.consume("qm.workloads", on_workload_event, batched=True)  # the table's only writer, as the services run
+# the table's only writer, as the services run; QM_TEST_TOPICS="qm.workloads,qm.preemption" makes
+# it one agent over two co-partitioned topics, as the preemption service runs
+topics = os.environ.get("QM_TEST_TOPICS", "qm.workloads").split(",")
+runtime.consume(topics[0] if len(topics) == 1 else topics, on_workload_event, batched=True)
 
 if __name__ == "__main__":
     runtime.main()
