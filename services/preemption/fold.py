@@ -44,7 +44,14 @@ from services.core.preemption_policy import (
     filter_victims,
     over_budget,
 )
-from services.core.quota import AdmittedWorkload, Objects, PodSet, build_snapshot, preemption_targets
+from services.core.quota import (
+    AdmittedWorkload,
+    Objects,
+    PodSet,
+    build_snapshot,
+    objects_behind,
+    preemption_targets,
+)
 from services.core.quota import Workload as CoreWorkload
 from services.core.quota.flavors import AssignmentMode
 
@@ -209,7 +216,10 @@ def decide(payload: PreemptionNeeded, state: dict, now: float, ctx: Context) -> 
     """Kueue's minimal victim set among the candidates the PreemptionPolicy allows."""
     p = payload.preemptor
     admitted_docs = [a for a in (payload.snapshot or {}).get("admitted", []) if a.get("uid") != p["uid"]]
-    known_cqs = ctx.objects.cluster_queues
+    # The request's cohort tree only: building all of the cluster's was a fifth of the service
+    # in kueue-large-scale (1,000 ClusterQueues, 100 per cohort).
+    objects = objects_behind(ctx.objects, payload.cohort) if payload.cohort else ctx.objects
+    known_cqs = objects.cluster_queues
     admitted = [
         AdmittedWorkload(
             key=f"{a['namespace']}/{a['name']}",
@@ -239,11 +249,11 @@ def decide(payload: PreemptionNeeded, state: dict, now: float, ctx: Context) -> 
     blocked_by_uid = {b.candidate.uid: b for b in blocked}
     by_key = {c.key: c for c in candidates}
 
-    snapshot = build_snapshot(ctx.objects, admitted)
+    snapshot = build_snapshot(objects, admitted)
     workload = CoreWorkload(
         namespace=p["namespace"],
         name=p["name"],
-        queue_name=_queue_name(ctx.objects, p),
+        queue_name=_queue_name(objects, p),
         pod_sets=tuple(
             PodSet(name=ps["name"], count=int(ps["count"]), requests=tuple(sorted(ps["requests"].items())),
                    min_count=ps.get("min_count"))

@@ -58,6 +58,7 @@ from services.core.quota import (
     WorkloadStatus,
     build_snapshot,
     drain,
+    objects_behind,
 )
 from services.core.quota import Workload as CoreWorkload
 from services.core.quota.dynamic import with_borrowing_limits
@@ -259,7 +260,7 @@ def _apply_quota_rules(state: dict, signals: ClusterSignals, configured: Objects
     state["signals"] = signals.signals
     cohort_queues = None  # without a table key (a fold over one cohort's events): every rule
     if ctx.cache_key:
-        subset = _cohort_objects(configured, ctx.cache_key)
+        subset = objects_behind(configured, ctx.cache_key)
         cohort_queues = set(subset.cluster_queues) if subset is not configured else set()
     rules = [r for r in ctx.quota_rules if cohort_queues is None or r.cluster_queue in cohort_queues]
     limits = state.setdefault("limits", {})
@@ -510,9 +511,6 @@ def _convert_pending(w: dict) -> CoreWorkload:
     )
 
 
-_COHORT_OBJECTS: dict[tuple[int, str], Objects] = {}
-
-
 @dataclass
 class _CohortIndex:
     """What the fold would otherwise recompute from every admitted workload on every event:
@@ -571,7 +569,7 @@ _INDEXES: dict[str | None, _CohortIndex] = {}  # by cache key (None: the last on
 def _index(ctx: Context, state: dict) -> _CohortIndex:
     """The cohort's index, rebuilt when it does not mirror this state; without a cache key (a
     fold over events in a test or a tool) a fresh one each time it is asked for."""
-    objects = _cohort_objects(ctx.objects, ctx.cache_key) if ctx.cache_key is not None else ctx.objects
+    objects = objects_behind(ctx.objects, ctx.cache_key) if ctx.cache_key is not None else ctx.objects
     index = _INDEXES.get(ctx.cache_key)
     if ctx.cache_key is None or index is None or not index.fits(objects, state["admitted"]):
         if len(_INDEXES) > 4096:
@@ -629,29 +627,6 @@ def _namespace_usage(state: dict, ctx: Context, namespace: str) -> tuple[dict, d
     if index is not None:
         return index.usage.get(namespace, _UsageTotals()).view()
     return namespace_usage(state["admitted"].values(), namespace)
-
-
-def _cohort_objects(objects: Objects, key: str) -> Objects:
-    """Only the ClusterQueues (and cohorts) behind one qm.workloads key: the drain copies its
-    snapshot, so a tree of the whole cluster would be copied on every event."""
-    memo = _COHORT_OBJECTS.get((id(objects), key))
-    if memo is not None and memo[0] is objects:
-        return memo[1]
-    whole = build_snapshot(objects, [])
-    queues = {name: cq for name, cq in objects.cluster_queues.items() if whole.root_name(name) == key}
-    if not queues:
-        return objects
-    cohorts = {name: c for name, c in objects.cohorts.items() if "cohort:" + _root(objects, name) == key}
-    local = {k: lq for k, lq in objects.local_queues.items() if lq.cluster_queue in queues}
-    subset = dataclasses.replace(objects, cluster_queues=queues, cohorts=cohorts, local_queues=local, workloads=())
-    _COHORT_OBJECTS[(id(objects), key)] = (objects, subset)
-    return subset
-
-
-def _root(objects: Objects, cohort: str) -> str:
-    while cohort in objects.cohorts and objects.cohorts[cohort].parent is not None:
-        cohort = objects.cohorts[cohort].parent
-    return cohort
 
 
 def _convert_admitted(entry: dict) -> AdmittedWorkload:

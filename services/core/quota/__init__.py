@@ -40,7 +40,7 @@ from services.core.quota.scheduler import (
     run_cycles,
     schedule_cycle,
 )
-from services.core.quota.snapshot import AdmittedWorkload, Snapshot, build_snapshot
+from services.core.quota.snapshot import AdmittedWorkload, Snapshot, build_snapshot, objects_behind
 
 __all__ = [
     "Admission",
@@ -70,6 +70,7 @@ __all__ = [
     "dominant_resource_share",
     "drain",
     "load_objects",
+    "objects_behind",
     "preemption_targets",
     "resolve_cluster_queue",
     "run_cycles",

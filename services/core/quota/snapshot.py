@@ -8,6 +8,7 @@ which returns an undo function (Kueue's ``SimulateWorkloadUsageRemoval``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -346,3 +347,32 @@ def build_snapshot(
     ):
         snap.add_workload(wl)
     return snap
+
+
+_OBJECTS_BEHIND: dict[tuple[int, str], tuple[Objects, Objects]] = {}
+
+
+def objects_behind(objects: Objects, root_key: str) -> Objects:
+    """Only the ClusterQueues, cohorts and LocalQueues of one cohort tree (``root_key`` as
+    Snapshot.root_name says it: ``cohort:<root>``, or a lone ClusterQueue's name); all of
+    ``objects`` when no ClusterQueue is behind the key. A snapshot of it is what one queue-manager
+    key or one preemption request needs; a tree of the whole cluster (1,000 ClusterQueues in
+    kueue-large-scale) was rebuilt or copied on every event. Memoised per objects."""
+    memo = _OBJECTS_BEHIND.get((id(objects), root_key))
+    if memo is not None and memo[0] is objects:
+        return memo[1]
+    whole = build_snapshot(objects, [])
+    queues = {name: cq for name, cq in objects.cluster_queues.items() if whole.root_name(name) == root_key}
+    if not queues:
+        return objects
+    cohorts = {name: c for name, c in objects.cohorts.items() if "cohort:" + _root_cohort(objects, name) == root_key}
+    local = {k: lq for k, lq in objects.local_queues.items() if lq.cluster_queue in queues}
+    subset = dataclasses.replace(objects, cluster_queues=queues, cohorts=cohorts, local_queues=local, workloads=())
+    _OBJECTS_BEHIND[(id(objects), root_key)] = (objects, subset)
+    return subset
+
+
+def _root_cohort(objects: Objects, cohort: str) -> str:
+    while cohort in objects.cohorts and objects.cohorts[cohort].parent is not None:
+        cohort = objects.cohorts[cohort].parent
+    return cohort
