@@ -62,7 +62,7 @@ from services.core.quota import (
 )
 from services.core.quota import Workload as CoreWorkload
 from services.core.quota.dynamic import with_borrowing_limits
-from services.core.quota.model import QueueingStrategy
+from services.core.quota.model import QueueingStrategy, Reason
 from services.core.quota.tree import available
 from services.policy import quota_rules
 
@@ -734,6 +734,12 @@ def _drain(state: dict, ctx: Context, emit: _Emitter, only: list[str] | None = N
             state["said"][uid] = said
             asking[decision.cluster_queue] = {"uid": uid, "at": now}
             emit.preemption_needed(state, workload, decision, snapshot.root_name(decision.cluster_queue))
+        elif decision.reason is Reason.QUEUED and uid in state["said"]:
+            # Not judged this pass (behind its queue's head): as in Kueue, which leaves the status
+            # of a workload it did not nominate alone, its last word stands. Saying "Queued" here
+            # and the quota shortfall again next pass was a third of qm.workloads in
+            # kueue-baseline (14,250 Pending for 3,000 workloads at scale 0.2).
+            continue
         else:
             key = snapshot.root_name(decision.cluster_queue) if decision.cluster_queue else workload["cluster_queue"]
             _say_pending(state, emit, workload, key, decision.cluster_queue, str(decision.reason),

@@ -178,3 +178,24 @@ def test_victims_of_an_answer_that_came_too_late_still_give_their_quota_back(tmp
     assert [o.envelope.payload.preemptor for o in out if o.envelope.event_type == "workload.evicted.v1"] == [
         "ml-team/chat"]
     assert "uid-batch-0" not in state["admitted"] and "uid-batch-0" in state["pending"]
+
+
+def test_a_workload_behind_a_preempting_head_keeps_its_last_pending_message(tmp_path):
+    """Kueue leaves the status of a workload it did not nominate alone: queued behind a head that
+    is preempting, a workload that already said why it waits says nothing new (it used to say
+    "Queued in ClusterQueue", then its shortfall again, pass after pass)."""
+    ctx = config(tmp_path)
+    state, _ = run(ctx, [validated("low", 24, 0, "batch"), validated("other", 8, 0, "batch"),
+                         validated("waiter", 16, 0, "batch")])
+    assert set(state["admitted"]) == {"uid-low", "uid-other"}
+    assert state["said"]["uid-waiter"].startswith("WaitingForQuota|")
+    state, out = run(ctx, [validated("high", 16, 100, "inference", at="2026-11-29T10:01:00Z")], state)
+    assert "preemption.needed.v1" in [o.envelope.event_type for o in out]  # the head now preempts
+    other_done = make_envelope(WorkloadFinished(uid="uid-other", namespace="ml-team", name="other", succeeded=True,
+                                                finished_at="2026-11-29T10:01:30Z"),
+                               producer="test", occurred_at="2026-11-29T10:01:30Z")
+    state, out = run(ctx, [other_done], state)  # frees quota: the whole queue is drained again
+    assert "uid-waiter" in state["pending"] and "uid-high" in state["pending"]
+    assert [o for o in out if o.envelope.event_type == "workload.pending.v1"
+            and o.envelope.payload.name == "waiter"] == []
+    assert state["said"]["uid-waiter"].startswith("WaitingForQuota|")
