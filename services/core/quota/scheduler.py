@@ -538,7 +538,16 @@ class _Scheduler:
                     snap.add_workload(victim)
                 self._pending(e, Reason.FAILED_AFTER_NOMINATION, NO_LONGER_FITS)
                 continue
-            victims_out += removed
+            if drain:
+                # A drain evicts nobody: the victims keep their quota until the preemption
+                # service has evicted them, and it may refuse (a PreemptionPolicy). Nothing else
+                # in the pass may use that quota, or the cohort is overcommitted meanwhile (the
+                # property test found 9 GPUs admitted on 8). The preemptor's own usage is still
+                # held below, as Kueue does.
+                for victim in reversed(removed):
+                    snap.add_workload(victim)
+            else:
+                victims_out += removed
             for t in e.targets:
                 preempted[t.workload] = t
             if mode is AssignmentMode.PREEMPT:

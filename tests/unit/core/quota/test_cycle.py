@@ -214,3 +214,29 @@ def test_drain_keeps_a_preempting_head_at_the_head_of_its_queue():
     # a cycle at a time, the victims' eviction completes after the first: vip, then small
     cycles = schedule(docs, cycles=3)
     assert cycles["default/vip"].status is WorkloadStatus.ADMITTED
+
+
+def test_a_drain_lets_nothing_else_use_the_quota_of_victims_it_only_asked_for():
+    """Found by the property test: in a drain pass nobody is evicted (the preemption service may
+    refuse), so a preemptor's victims keep their quota for the rest of the pass. Before, w0's
+    victim w1 stepped out of the snapshot for the cycle, and w3 (and others) were admitted into
+    its 4 GPUs: 9 GPUs of cohort c admitted on 8 of quota."""
+    f1, f2 = make_flavor("f1"), make_flavor("f2")
+    docs = [
+        f1, f2,
+        make_cq("cq0").cohort("c").gpu("f1", 0).gpu("f2", 0).obj(), make_lq("cq0", "cq0"),
+        make_cq("cq1").cohort("c").gpu("f1", 4, None, 2).gpu("f2", 0).obj(), make_lq("cq1", "cq1"),
+        make_cq("cq2").cohort("c").gpu("f1", 4, None, 3).gpu("f2", 0)
+        .preemption(within="LowerPriority", reclaim="Any").obj(), make_lq("cq2", "cq2"),
+    ]
+    for j, (queue, priority, count, gpus) in enumerate(
+        [("cq2", 0, 1, 2), ("cq0", 0, 1, 4), ("cq1", 0, 2, 4), ("cq0", 0, 1, 1), ("cq1", 0, 1, 3), ("cq0", 0, 1, 1),
+         ("cq2", 5, 1, 1)]
+    ):
+        docs.append(make_wl(f"w{j}").queue(queue).priority(priority).created(j).podset("main", count, gpu=gpus).obj())
+    got = schedule(docs, mode="drain")
+    assert got["default/w0"].status is WorkloadStatus.PREEMPTING
+    assert [t.workload for t in got["default/w0"].preempts] == ["default/w1"]
+    admitted = {k: d for k, d in got.items() if d.status is WorkloadStatus.ADMITTED}
+    gpus = {"default/w1": 4, "default/w3": 1, "default/w4": 3, "default/w5": 1, "default/w6": 1}
+    assert sum(gpus[k] for k in admitted) <= 8, sorted(admitted)
