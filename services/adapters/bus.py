@@ -17,7 +17,15 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
 
-from services.contracts.codec import ContractError, Envelope, decode, encode
+from services.contracts.codec import (
+    RECORD_TYPES,
+    ContractError,
+    Envelope,
+    decode,
+    encode,
+    from_document,
+    parse,
+)
 from services.contracts.schemas import TopicSpec, dlq_retention_ms, topic_specs
 
 # Headers on a dead-lettered message: why it was refused and where it came from.
@@ -215,15 +223,29 @@ async def read_envelopes(bootstrap: str, topic: str) -> AsyncIterator[tuple[RawR
             yield record, error
 
 
+def read_envelope(value: bytes, wanted: frozenset[str] | None) -> Envelope | None:
+    """The envelope of a message, or None for a well-formed one of a known event type that is
+    not `wanted` (passed over unvalidated). Raises ContractError for anything unreadable,
+    including an unknown event type."""
+    document = parse(value)
+    if wanted is not None and isinstance(document, dict):
+        event_type = document.get("event_type")
+        if event_type not in wanted and event_type in RECORD_TYPES:
+            return None
+    return from_document(document)
+
+
 async def follow(
     bootstrap: str,
     topics: list[str],
     on_payload: Callable[[Any], None],
     caught_up: asyncio.Event | None = None,
+    wanted: frozenset[str] | None = None,
 ) -> None:
     """Apply every record's payload of `topics` from the beginning, then keep following, with
     no consumer group: every process that follows sees every partition (read-only replicas,
     configuration). `caught_up` is set once the end offsets seen at start are reached.
+    `wanted`: the event types applied; others are passed over unvalidated (see read_envelope).
     Unreadable records are logged and skipped (their producer dead-letters nothing here)."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
     await consumer.start()
@@ -248,7 +270,9 @@ async def follow(
             for records in batch.values():
                 for record in records:
                     try:
-                        on_payload(decode(record.value).payload)
+                        envelope = read_envelope(record.value, wanted)
+                        if envelope is not None:
+                            on_payload(envelope.payload)
                     except ContractError as error:
                         log.warning("unreadable record on %s skipped: %s", record.topic, error)
             if caught_up is not None and not caught_up.is_set():

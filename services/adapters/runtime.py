@@ -26,10 +26,10 @@ from faust.transport.drivers.aiokafka import ensure_aiokafka_TP
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
 from services.adapters import logs
-from services.adapters.bus import dlq_headers
+from services.adapters.bus import dlq_headers, read_envelope
 from services.adapters.gc_tuning import freeze_startup_objects, tune_gc
 from services.adapters.settings import Settings
-from services.contracts.codec import RECORD_TYPES, ContractError, Envelope, encode, from_document, parse
+from services.contracts.codec import ContractError, Envelope, encode
 from services.contracts.schemas import topic_specs
 
 MESSAGES_CONSUMED = Counter("qm_messages_consumed_total", "Messages read from the bus", ["service", "topic"])
@@ -124,18 +124,6 @@ def _store(table: Any, key: str, value: Any, event: Any) -> Any:
         return ack
     finally:
         _faust_current_event.reset(token)
-
-
-def read_envelope(value: bytes, wanted: frozenset[str] | None) -> Envelope | None:
-    """The envelope of a message, or None for a well-formed one of a known event type that is
-    not `wanted` (passed over unvalidated). Raises ContractError for anything unreadable,
-    including an unknown event type."""
-    document = parse(value)
-    if wanted is not None and isinstance(document, dict):
-        event_type = document.get("event_type")
-        if event_type not in wanted and event_type in RECORD_TYPES:
-            return None
-    return from_document(document)
 
 
 _current_batch: ContextVar[_Batch | None] = ContextVar("qm_batch", default=None)
