@@ -363,19 +363,11 @@ class ServiceRuntime:
         label = "+".join(names)
         runtime = self
 
+        wanted = None if reads is None else frozenset(record.EVENT_TYPE for record in reads)
+
         async def handle(event) -> None:
             topic_name = runtime._base_names.get(event.message.topic, label)
             MESSAGES_CONSUMED.labels(runtime.settings.service, topic_name).inc()
-            token = _faust_current_event.set(weakref.ref(event))
-            try:
-                await handle_current(event)
-            finally:
-                _faust_current_event.reset(token)
-
-        wanted = None if reads is None else frozenset(record.EVENT_TYPE for record in reads)
-
-        async def handle_current(event) -> None:
-            topic_name = runtime._base_names.get(event.message.topic, label)
             try:
                 envelope = read_envelope(event.value, wanted)
                 if envelope is None:
@@ -459,7 +451,13 @@ class ServiceRuntime:
                     await self._rewind(tp, expected, offset, label)
                     continue
                 self._rewinding.pop(tp, None)
-                await handle(event)
+                # faust keys a table's changelog partition on "the current event": in a batch
+                # (take_events) that must be this one, not what faust left set
+                current = _faust_current_event.set(weakref.ref(event))
+                try:
+                    await handle(event)
+                finally:
+                    _faust_current_event.reset(current)
                 handled.append(event)
                 batch.next_offsets[tp] = (offset + 1, event)
                 batch.first_offsets.setdefault(tp, offset)

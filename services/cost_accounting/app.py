@@ -23,10 +23,7 @@ Agents:
 from __future__ import annotations
 
 import os
-import weakref
 from typing import Any
-
-from faust.streams import _current_event as _faust_current_event
 
 from services.adapters.live_replica import LiveReplica
 from services.adapters.runtime import (
@@ -188,22 +185,12 @@ async def _fold_budget(event) -> None:
         await runtime.dead_letter("qm.billing", event, f"handler: {type(error).__name__}: {error}", kind="handler")
 
 
-async def _fold_budget_event(event) -> None:
-    # apply_once stages the value under faust's "current event" (its partition and offset);
-    # in a batch that must be this event, not the batch's last (what take_events leaves set).
-    token = _faust_current_event.set(weakref.ref(event))
-    try:
-        await _fold_budget(event)
-    finally:
-        _faust_current_event.reset(token)
-
-
 @runtime.app.agent(by_cost_center, name="fold_budgets")
 async def fold_budgets(stream):
     # Batched: the budgets table's only writer. One event at a time (a changelog store and an
     # acknowledgement per row) it folded ~600 rows/s, the replay's slowest stage.
     async for events in stream.take_events(runtime.batch_size, within=runtime.batch_within_s):
-        await runtime.process(events, _fold_budget_event, "by-cost-center", defer=True)
+        await runtime.process(events, _fold_budget, "by-cost-center", defer=True)
 
 
 runtime.guard(by_cost_center, "fold_budgets")
