@@ -368,6 +368,8 @@ def objects_behind(objects: Objects, root_key: str) -> Objects:
     cohorts = {name: c for name, c in objects.cohorts.items() if "cohort:" + _root_cohort(objects, name) == root_key}
     local = {k: lq for k, lq in objects.local_queues.items() if lq.cluster_queue in queues}
     subset = dataclasses.replace(objects, cluster_queues=queues, cohorts=cohorts, local_queues=local, workloads=())
+    if len(_OBJECTS_BEHIND) >= 4096:
+        _OBJECTS_BEHIND.clear()  # each change of quota limits is new objects: keep no stale ones alive
     _OBJECTS_BEHIND[(id(objects), root_key)] = (objects, subset)
     return subset
 
