@@ -45,8 +45,6 @@ settings = Settings.from_env("preemption")
 runtime = ServiceRuntime(settings)
 config_dir = os.environ.get("QM_CONFIG_DIR", "examples/seed")
 context = fold.Context(objects=KueueConfig.load(config_dir).objects, policy=load_policy(config_dir))
-if topic_specs()["qm.preemption"].partitions != topic_specs()["qm.workloads"].partitions:
-    raise RuntimeError("qm.preemption and qm.workloads must have the same partition count (one table per cohort)")
 history = runtime.table("victim_history", partitions=topic_specs()["qm.preemption"].partitions,
                         help="preemption history per cohort")
 
