@@ -21,6 +21,7 @@ from typing import Any
 import faust
 from faust.streams import _current_event as _faust_current_event
 from faust.streams import current_event
+from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread as _KafkaConsumerThread
 from faust.transport.drivers.aiokafka import Consumer as _KafkaConsumer
 from faust.transport.drivers.aiokafka import ensure_aiokafka_TP
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
@@ -156,6 +157,22 @@ def mirror_pause(thread: Any, tps: list[Any], *, pause: bool) -> None:
     loop.call_soon_threadsafe(apply)
 
 
+# How long the broker may hold a worker's fetch for data (faust fixes 1,500 ms). aiokafka
+# keeps one fetch in flight per broker, and a partition whose records were still buffered when
+# it was sent is not in it: that partition's next records wait for the fetch to come back.
+# ADR 0018: baseline at scale 0.2, 1,500 -> 100 ms: wall 31-34 -> 25-27 s.
+FETCH_MAX_WAIT_MS = int(os.environ.get("QM_FETCH_MAX_WAIT_MS", 100))
+
+
+class _ShortFetchConsumerThread(_KafkaConsumerThread):
+    """faust's consumer thread, building aiokafka's consumer with FETCH_MAX_WAIT_MS."""
+
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read when its fetcher starts
+        return consumer
+
+
 class _HandledOnlyConsumer(_KafkaConsumer):
     """faust's consumer, acknowledging a message of a `consume()`d topic only once the runtime
     has handled it and stored the result.
@@ -166,6 +183,9 @@ class _HandledOnlyConsumer(_KafkaConsumer):
     would never see them (seen in CI: a window of a cohort's events lost after two rebalances
     in a row). Dropping those acks keeps Kafka's committed offsets honest; where reading
     resumes is decided by the runtime's applied-offset cursors (`seek_to_committed`)."""
+
+    def _new_consumer_thread(self) -> Any:
+        return _ShortFetchConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
     def ack(self, message: Any) -> bool:
         app = self.app

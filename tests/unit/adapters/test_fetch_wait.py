@@ -1,0 +1,20 @@
+"""The worker's aiokafka consumer is built with the runtime's short fetch wait (ADR 0018), not
+faust's fixed 1,500 ms: a record on a partition left out of the fetch in flight waits for it."""
+
+from __future__ import annotations
+
+import uuid
+
+from services.adapters.runtime import FETCH_MAX_WAIT_MS, ServiceRuntime
+from services.adapters.settings import Settings
+
+
+async def test_the_worker_consumer_asks_the_broker_to_hold_a_fetch_no_longer_than_fetch_max_wait():
+    runtime = ServiceRuntime(Settings(service="fetch-wait-test", app_id_suffix=f"-{uuid.uuid4().hex[:6]}"))
+    thread = runtime.app.consumer._new_consumer_thread()  # what faust's consumer starts with
+
+    consumer = thread._create_worker_consumer(runtime.app.transport)  # built, not connected
+    await consumer.stop()
+
+    assert FETCH_MAX_WAIT_MS == 100
+    assert consumer._fetch_max_wait_ms == FETCH_MAX_WAIT_MS
