@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
+from services.contracts import yaml_documents
 from services.core.quota import Objects, build_snapshot, load_objects
 
 
@@ -15,7 +14,7 @@ def load_config_dir(directory: str | Path) -> Objects:
     """Every Kueue document in the *.yaml / *.yml files of `directory` (not its subdirectories)."""
     documents = []
     for path in sorted(Path(directory).glob("*.y*ml")):
-        for document in yaml.safe_load_all(path.read_text()):
+        for document in yaml_documents.load_all(path.read_text()):
             if isinstance(document, dict) and str(document.get("apiVersion", "")).startswith("kueue.x-k8s.io/"):
                 documents.append((str(path), document))
     return load_objects(documents)

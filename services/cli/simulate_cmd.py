@@ -20,6 +20,7 @@ import typer
 import yaml
 
 from services.adapters.gc_tuning import tune_gc
+from services.contracts import yaml_documents
 from services.core.quota import ConfigError, build_snapshot, drain, load_objects, run_cycles
 
 _SUFFIXES = (".yaml", ".yml", ".json")
@@ -52,7 +53,7 @@ def read_documents(paths: list[Path]) -> list[tuple[str, Any]]:
     for path in _files(paths):
         try:
             text = path.read_text(encoding="utf-8")
-            docs.extend((str(path), doc) for doc in yaml.safe_load_all(text))
+            docs.extend((str(path), doc) for doc in yaml_documents.load_all(text))
         except (OSError, UnicodeDecodeError) as exc:
             raise InputError(f"{path}: cannot read: {exc}") from None
         except yaml.YAMLError as exc:

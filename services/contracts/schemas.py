@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-import yaml
+from services.contracts import yaml_documents
 
 
 def schemas_dir() -> Path:
@@ -50,7 +50,7 @@ class TopicSpec:
 @cache
 def topic_specs() -> dict[str, TopicSpec]:
     """topics.yaml as TopicSpecs, by name."""
-    document = yaml.safe_load((schemas_dir() / "topics.yaml").read_text())
+    document = yaml_documents.load((schemas_dir() / "topics.yaml").read_text())
     defaults = document["defaults"]
     specs = {}
     for entry in document["topics"]:
@@ -68,4 +68,4 @@ def topic_specs() -> dict[str, TopicSpec]:
 
 
 def dlq_retention_ms() -> int:
-    return int(yaml.safe_load((schemas_dir() / "topics.yaml").read_text())["defaults"]["dlq_retention_ms"])
+    return int(yaml_documents.load((schemas_dir() / "topics.yaml").read_text())["defaults"]["dlq_retention_ms"])

@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from services.contracts import yaml_documents
 from services.core.cost import (
     Budget,
     CostConfigError,
@@ -108,7 +109,7 @@ def load_config(directory: str | Path | None) -> CostConfig:
     documents: list[tuple[str, Any]] = []
     for path in sorted([*root.rglob("*.yaml"), *root.rglob("*.yml")]):
         try:
-            documents.extend((str(path), doc) for doc in yaml.safe_load_all(path.read_text()))
+            documents.extend((str(path), doc) for doc in yaml_documents.load_all(path.read_text()))
         except yaml.YAMLError as error:
             raise CostConfigError(str(path), "(yaml)", str(error)) from None
     return config_from_documents(documents)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import yaml
+from services.contracts import yaml_documents
 
 
 class LiveState(Protocol):
@@ -66,7 +66,7 @@ class StaticLiveState:
 def load_records(path: str | Path) -> list[Any]:
     """Documents of a YAML/JSON file, flattening `List`/`items` and top-level lists."""
     out: list[Any] = []
-    for doc in yaml.safe_load_all(Path(path).read_text()):
+    for doc in yaml_documents.load_all(Path(path).read_text()):
         if doc is None:
             continue
         if isinstance(doc, list):

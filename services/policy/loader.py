@@ -25,6 +25,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from services.contracts import yaml_documents
 from services.policy.celenv import (
     PARAMS_BY_POLICY,
     PARAMS_OBJECT_BY_POLICY,
@@ -44,11 +45,6 @@ from services.policy.model import (
     Validation,
     Variable,
 )
-
-try:
-    _Loader: Any = yaml.CSafeLoader
-except AttributeError:  # pragma: no cover
-    _Loader = yaml.SafeLoader
 
 TEMPLATE_GROUP = "templates.gatekeeper.sh"
 CONSTRAINT_GROUP = "constraints.gatekeeper.sh"
@@ -96,7 +92,7 @@ def read_documents(paths: str | Path | Iterable[str | Path]) -> tuple[list[Docum
         raw = f.read_bytes()
         digest.update(str(f).encode() + b"\0" + raw)
         try:
-            loaded = list(yaml.load_all(raw, Loader=_Loader))
+            loaded = yaml_documents.load_all(raw)
         except yaml.YAMLError as e:
             raise PolicyError(str(f), "-", "-", f"not valid YAML: {e}") from None
         for i, body in enumerate(loaded):

@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from services.contracts import yaml_documents
 from services.policy.errors import PolicyError
 from services.policy.evaluate import AdmissionDecision, evaluate
 from services.policy.loader import PolicySet, read_documents
@@ -57,7 +58,7 @@ class SuiteError(Exception):
 
 def _load_one(path: Path) -> Any:
     try:
-        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+        docs = [d for d in yaml_documents.load_all(path.read_text()) if d is not None]
     except (OSError, yaml.YAMLError) as e:
         raise SuiteError(f"{path}: {e}") from None
     if len(docs) != 1:

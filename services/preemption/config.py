@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
+from services.contracts import yaml_documents
 from services.core.preemption_policy import (
     API_VERSION,
     DEFAULT_POLICY,
@@ -21,7 +20,7 @@ def load_policy(directory: str | Path) -> PreemptionPolicy:
     (training not preemptible, inference may preempt lower-priority batch) when there is none."""
     found: list[tuple[str, dict]] = []
     for path in sorted(Path(directory).glob("*.y*ml")):
-        for document in yaml.safe_load_all(path.read_text()):
+        for document in yaml_documents.load_all(path.read_text()):
             if isinstance(document, dict) and document.get("apiVersion") == API_VERSION and document.get("kind") == KIND:
                 found.append((str(path), document))
     if not found:

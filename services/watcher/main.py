@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
+from services.contracts import yaml_documents
 
 from .actuate import Actuator
 from .kube import Credentials, Kube, api_client
@@ -59,7 +59,7 @@ def load_flavors(config_dir: str | None) -> dict[str, Flavor]:
         return {}
     objs: list[dict[str, Any]] = []
     for path in sorted(Path(config_dir).rglob("*.y*ml")):
-        objs.extend(d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict))
+        objs.extend(d for d in yaml_documents.load_all(path.read_text()) if isinstance(d, dict))
     return flavors_from_objects(objs)
 
 

@@ -1,0 +1,44 @@
+"""Config YAML is read with libyaml's C loader when PyYAML has it: the same values as PyYAML's
+SafeLoader, and nothing but safe types."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from services.contracts import yaml_documents
+
+STREAM = """\
+apiVersion: kueue.x-k8s.io/v1beta1
+kind: ClusterQueue
+metadata: {name: team-a}
+spec:
+  cohort: research
+  resourceGroups:
+  - coveredResources: [cpu, nvidia.com/gpu]
+    flavors:
+    - name: a100
+      resources:
+      - {name: nvidia.com/gpu, nominalQuota: 8, borrowingLimit: null}
+      - {name: cpu, nominalQuota: "64", lendingLimit: 1.5}
+---
+---
+when: 2026-11-29T09:00:00Z
+flags: [yes, no, on, off, ~]
+"""
+
+
+def test_the_c_loader_is_used_where_pyyaml_has_it():
+    assert yaml.__with_libyaml__, "PyYAML without libyaml: config reads fall back to the slow pure-Python loader"
+    assert yaml_documents._Loader is yaml.CSafeLoader
+
+
+def test_documents_read_as_pyyaml_safe_load_reads_them():
+    assert yaml_documents.load_all(STREAM) == list(yaml.safe_load_all(STREAM))
+    assert yaml_documents.load_all(STREAM.encode()) == list(yaml.safe_load_all(STREAM))
+    assert yaml_documents.load("a: [1, 2]") == {"a": [1, 2]}
+
+
+def test_python_object_tags_are_refused():
+    with pytest.raises(yaml.YAMLError):
+        yaml_documents.load_all("!!python/object/apply:os.system ['true']")
