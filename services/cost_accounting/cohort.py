@@ -110,6 +110,10 @@ class _Live:
     seen: list[str] = field(default_factory=list)
     seen_set: set[str] = field(default_factory=set)
     pos: tuple[int, int] | None = None
+    # The cohort record's copy of the namespace labels, shared by its records until a
+    # NamespaceLabeled is applied (never mutated). Copying every namespace's labels for every
+    # event was 6% of the service in kueue-large-scale (100 namespaces per cohort).
+    labels_copy: dict[str, dict[str, str]] | None = None
 
 
 def _log_ignored(item: EventIgnored) -> None:
@@ -200,6 +204,8 @@ class CohortLedger:
             translation = translate(envelope, WorkloadMemo.from_dict(memo_dict) if memo_dict else None)
             events.extend(translation.events)
             for event in events:
+                if isinstance(event, NamespaceLabeled):
+                    live.labels_copy = None
                 state, outputs, touched = apply_tracked(state, event)
                 produced.extend(outputs)
                 changed.update(dict.fromkeys(touched))
@@ -233,13 +239,19 @@ class CohortLedger:
             "v": live.v,
             "watermarkMs": state.watermark_ms,
             "closedThroughMs": state.closed_through_ms,
-            "namespaceLabels": {ns: dict(labels) for ns, labels in state.namespace_labels.items()},
+            "namespaceLabels": self._labels_copy(live, state),
             "configAt": dict(state.config_at),
             "pos": list(live.pos) if live.pos is not None else None,
             "seen": list(live.seen),
         }
         messages = outputs_for(produced, envelope, state.settings.billing_account_id, self.on_ignored)
         return writes, [self.make_output(m.topic, m.key, m.envelope) for m in messages]
+
+    @staticmethod
+    def _labels_copy(live: _Live, state: CostState) -> dict[str, dict[str, str]]:
+        if live.labels_copy is None:
+            live.labels_copy = {ns: dict(labels) for ns, labels in state.namespace_labels.items()}
+        return live.labels_copy
 
     def _label_changes(self, state: CostState, envelope: Envelope) -> Iterator[NamespaceLabeled]:
         """The namespace's labels as the replica knows them, when they differ from the state's."""

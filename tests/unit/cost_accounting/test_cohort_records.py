@@ -159,3 +159,16 @@ def test_book_text_round_trips_exactly():
     for uid in ("wl-a", "wl-b"):
         text = store[uid]["book"]
         assert book_to_json(book_from_dict(json.loads(text))) == text
+
+
+def test_the_cohort_record_names_the_labels_of_its_time_and_earlier_records_keep_theirs():
+    labels = {"ml-team": {CC_LABEL: "cc-ml"}}
+    ledger, store = CohortLedger(CostConfig(), labels=lambda ns: labels.get(ns)), {}
+    records = []
+    for offset, envelope in enumerate(stream()[:4]):
+        if offset == 2:
+            labels["ml-team"] = {CC_LABEL: "cc-research"}  # relabelled between two events
+        writes, _ = ledger.step("ml", store, envelope, (0, offset))
+        store.update(writes)
+        records.append(writes[cohort_record_key("ml")])
+    assert [r["namespaceLabels"]["ml-team"][CC_LABEL] for r in records] == ["cc-ml", "cc-ml", "cc-ml", "cc-research"]
