@@ -24,7 +24,7 @@ from faust.streams import current_event
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread as _KafkaConsumerThread
 from faust.transport.drivers.aiokafka import Consumer as _KafkaConsumer
 from faust.transport.drivers.aiokafka import ensure_aiokafka_TP
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Info, generate_latest
 
 from services.adapters import logs
 from services.adapters.bus import dlq_headers, read_envelope
@@ -49,6 +49,7 @@ REFETCHED_AFTER_REBALANCE = Counter(
     "they are read again from the committed offset",
     ["service", "topic"],
 )
+EVENT_LOOP = Info("qm_event_loop", "The asyncio event loop this worker runs on (QM_EVENT_LOOP, ADR 0019)")
 
 # How many recent event ids each table key remembers. Redelivery after a crash only replays
 # what was consumed since the last offset commit (a few seconds), far fewer than this per key.
@@ -256,6 +257,20 @@ class _App(faust.App):
         return transport
 
 
+EVENT_LOOPS = ("uvloop", "aio")
+
+
+def choose_event_loop(service: str, choice: str) -> None:
+    """Install the event loop a worker runs on, before faust creates it. uvloop (the default)
+    runs the same services with 10-20% less CPU (ADR 0019); `aio` is asyncio's own loop."""
+    if choice not in EVENT_LOOPS:
+        raise SystemExit(f"{service}: QM_EVENT_LOOP={choice!r} is not one of {', '.join(EVENT_LOOPS)}")
+    if choice == "uvloop":  # what mode.loop.use("uvloop") does, but on every call, not at first import
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
 class TemporaryError(Exception):
     """A handler failure worth retrying (a dependency is briefly away); the message is redelivered."""
 
@@ -327,7 +342,7 @@ class ServiceRuntime:
         # 129 -> 84 ms going from 20 to 5 ms, throughput unchanged).
         self.batch_within_s = float(os.environ.get("QM_BATCH_WITHIN_S", 0.005))
         self._register_pages()
-        self.app.task(self._freeze_startup_objects)
+        self.app.task(self._on_started)
 
     # -- topics -------------------------------------------------------------------------
 
@@ -619,7 +634,9 @@ class ServiceRuntime:
             if cursors is not None and offset is not None and event is not None:
                 await self._store_cursors({tp: (offset, event)}, {tp})
 
-    async def _freeze_startup_objects(self, *_app: Any) -> None:
+    async def _on_started(self, *_app: Any) -> None:
+        loop = type(asyncio.get_running_loop())
+        EVENT_LOOP.info({"implementation": loop.__module__.split(".")[0]})
         frozen = freeze_startup_objects()
         self.log.info("start-up objects frozen out of the collector's scans", detail=f"{frozen} objects (ADR 0013)")
 
@@ -841,4 +858,5 @@ class ServiceRuntime:
     def main(self) -> None:
         """Run as a faust worker: `python -m services.<name> worker`."""
         tune_gc()
+        choose_event_loop(self.settings.service, os.environ.get("QM_EVENT_LOOP", "uvloop"))
         self.app.main()

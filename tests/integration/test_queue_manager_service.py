@@ -80,6 +80,7 @@ async def test_seed_flow_reserve_pending_run_expire(kafka_bootstrap, topic_prefi
         assert 'kueue_cluster_queue_resource_usage{cluster_queue="gpu-queue",flavor="a100-flavor",' \
                'resource="nvidia.com/gpu"} 12.0' in metrics  # "used" holds its 12; train-4 gave its 4 back
         assert "qm_queue_decision_seconds_count 3.0" in metrics
+        assert 'qm_event_loop_info{implementation="uvloop"} 1.0' in metrics  # the default (ADR 0019)
     finally:
         worker.stop()
     trail = await events_on(kafka_bootstrap, topic_prefix + "qm.workloads")
