@@ -249,7 +249,13 @@ def decide(payload: PreemptionNeeded, state: dict, now: float, ctx: Context) -> 
     blocked_by_uid = {b.candidate.uid: b for b in blocked}
     by_key = {c.key: c for c in candidates}
 
-    snapshot = build_snapshot(objects, admitted)
+    # The request lists only the workloads that could be victims; the others' usage comes summed
+    # per ClusterQueue (a request from before that lists every admitted workload has none).
+    others_usage = {
+        cq: _usage(usage) for cq, usage in ((payload.snapshot or {}).get("others_usage") or {}).items()
+        if cq in known_cqs
+    }
+    snapshot = build_snapshot(objects, admitted, others_usage)
     workload = CoreWorkload(
         namespace=p["namespace"],
         name=p["name"],

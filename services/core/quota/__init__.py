@@ -31,6 +31,7 @@ from services.core.quota.model import (
     WorkloadStatus,
 )
 from services.core.quota.parse import load_objects
+from services.core.quota.preemption import could_be_victim
 from services.core.quota.scheduler import (
     CycleResult,
     PreemptionPlan,
@@ -67,6 +68,7 @@ __all__ = [
     "Workload",
     "WorkloadStatus",
     "build_snapshot",
+    "could_be_victim",
     "dominant_resource_share",
     "drain",
     "load_objects",

@@ -135,6 +135,25 @@ def ordered_candidates(
     return candidates
 
 
+def could_be_victim(snapshot: Snapshot, cluster_queue: str, priority: int) -> Callable[[str, int], bool]:
+    """Whether an admitted workload (by its ClusterQueue and priority) could be among
+    :func:`ordered_candidates` for a preemptor of ``priority`` in ``cluster_queue``, under any
+    preemption policy and whatever flavor-resources the preemptor needs: the ClusterQueue's own
+    workloads of priority up to the preemptor's, and every workload of the cohort tree's other
+    ClusterQueues that borrow some flavor-resource now. In a victim search everything else
+    counts only as usage, so a preemption request lists these one by one and sums the rest
+    (kueue-large-scale: a cohort's whole admitted set was 114 KB per request)."""
+    cq = snapshot.cluster_queues.get(cluster_queue)
+    if cq is None:
+        return lambda queue, prio: True  # nothing to go by: list everything
+    borrowing = {
+        other.name
+        for other in snapshot.tree_members(cq)
+        if other.name != cluster_queue and _cq_is_borrowing(other, set(other.node.usage))
+    }
+    return lambda queue, prio: queue in borrowing or (queue == cluster_queue and prio <= priority)
+
+
 def _rank(now: float):  # type: ignore[no-untyped-def]
     """Kueue's candidate order without its ClusterQueue part (other queues before the
     preemptor's own), which ordered_candidates applies by merging."""

@@ -209,6 +209,19 @@ class Snapshot:
         for fr, value in wl.usage:
             add_usage(node, fr, value)
 
+    def add_unlisted_usage(self, cluster_queue: str, usage: Iterable[tuple[FlavorResource, int]]) -> None:
+        """Usage held in a ClusterQueue by admitted workloads that are not listed one by one
+        (a preemption request lists only the possible victims). Usage adds up the same whether
+        it comes in one sum or workload by workload (what exceeds a node's quota bubbles up)."""
+        cq = self.cluster_queues.get(cluster_queue)
+        if cq is None:
+            return  # as add_workload: an unknown ClusterQueue's usage counts nowhere
+        usage = tuple(usage)
+        fps = self._fingerprints
+        fps[cq.root_key] = fps.get(cq.root_key, 0) ^ hash((cluster_queue, usage))
+        for fr, value in usage:
+            add_usage(cq.node, fr, value)
+
     def remove_workload(self, key: str) -> AdmittedWorkload:
         wl = self.workloads.pop(key, None)
         if wl is None:
@@ -298,11 +311,15 @@ class Snapshot:
 
 
 def build_snapshot(
-    objects: Objects, admitted: Iterable[Workload | AdmittedWorkload] | None = None
+    objects: Objects,
+    admitted: Iterable[Workload | AdmittedWorkload] | None = None,
+    unlisted_usage: Mapping[str, Iterable[tuple[FlavorResource, int]]] | None = None,
 ) -> Snapshot:
     """Build the quota tree from Kueue objects and add admitted usage.
 
     ``admitted`` defaults to the workloads in ``objects`` that carry ``status.admission``.
+    ``unlisted_usage``: per ClusterQueue, the usage of admitted workloads not in ``admitted``
+    (see :meth:`Snapshot.add_unlisted_usage`).
     """
     snap = Snapshot()
     snap.flavors = objects.flavors
@@ -346,6 +363,8 @@ def build_snapshot(
         key=lambda w: w.key,
     ):
         snap.add_workload(wl)
+    for name, usage in sorted((unlisted_usage or {}).items()):
+        snap.add_unlisted_usage(name, usage)
     return snap
 
 

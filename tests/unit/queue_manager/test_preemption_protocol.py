@@ -76,6 +76,59 @@ def test_asks_once_with_the_snapshot_then_admits_the_preemptor_in_the_same_step(
     assert "uid-batch-a" in state["pending"] and state["pending"]["uid-batch-a"]["eligible_at"] > state["now"]
 
 
+def test_the_request_lists_the_possible_victims_and_sums_the_rest(tmp_path):
+    """A workload of higher priority than the preemptor, in its own ClusterQueue, can never be
+    its victim: the request carries only its usage, in the ClusterQueue's sum."""
+    ctx = config(tmp_path)
+    state, _ = run(ctx, [validated("train", 16, 2000, "training"), validated("eval", 4, 2000, "training"),
+                         validated("batch-a", 8, 0, "batch"), validated("batch-b", 4, 1000, "batch")])
+    state, out = run(ctx, [validated("chat", 8, 1000, "inference", at="2026-11-29T10:01:00Z")], state)
+    (needed,) = [o.envelope.payload for o in out if o.envelope.event_type == "preemption.needed.v1"]
+    assert [a["name"] for a in needed.snapshot["admitted"]] == ["batch-a", "batch-b"]  # lower or equal priority
+    assert needed.snapshot["others_usage"] == {"gpu-queue": {"a100-flavor": {"nvidia.com/gpu": 20000}}}
+
+
+def test_a_question_carries_the_admissions_of_its_own_drain_pass(tmp_path):
+    """The drain judges a preemptor with the whole pass's admissions holding quota; a question
+    sent before a later admission of the pass was added told the preemption service there was
+    room that there was not (its answer: "it fits already")."""
+    docs = [{"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor", "metadata": {"name": "a100-flavor"}}]
+    for cq, ns in (("queue-a", "team-a"), ("queue-b", "team-b")):
+        docs += [
+            {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ClusterQueue", "metadata": {"name": cq},
+             "spec": {"cohort": "shared", "namespaceSelector": {},
+                      "preemption": {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Any"},
+                      "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
+                          {"name": "a100-flavor", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 16}]}]}]}},
+            {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue",
+             "metadata": {"name": "lq", "namespace": ns}, "spec": {"clusterQueue": cq}}]
+    (tmp_path / "kueue.yaml").write_text(yaml.safe_dump_all(docs))
+    cfg = KueueConfig.load(tmp_path)
+    ctx = Context(objects=cfg.objects, node_labels=cfg.node_labels())
+
+    def submit(name, ns, gpus, priority, at):
+        return make_envelope(WorkloadValidated(
+            uid=f"uid-{name}", namespace=ns, name=name, queue_name="lq", cluster_queue=f"queue-{ns[-1]}",
+            priority=priority, created_at=at, labels={"quartermaster.dev/class": "batch"},
+            pod_sets=[{"name": "main", "count": 1, "requests": {"nvidia.com/gpu": gpus * 1000}}]),
+            producer="test", occurred_at=at)
+
+    state, _ = run(ctx, [submit("train-a", "team-a", 16, 0, AT), submit("fill-b", "team-b", 8, 0, AT),
+                         submit("more-b", "team-b", 8, 0, AT),
+                         submit("chat", "team-a", 16, 1000, AT), submit("job-b", "team-b", 8, 0, AT)])
+    assert {"uid-chat", "uid-job-b"} <= set(state["pending"])
+    later = "2026-11-29T10:02:00Z"  # past the answer timeout: chat asks again in the next pass
+    finished = make_envelope(WorkloadFinished(uid="uid-fill-b", namespace="team-b", name="fill-b", succeeded=True,
+                                              finished_at=later), producer="test", occurred_at=later)
+    state, out = run(ctx, [finished], state)
+    # chat could borrow only the 8 GPUs fill-b freed: it asks to preempt train-a; job-b, after it
+    # in Kueue's order, is admitted into queue-b's own quota in the same pass
+    assert "uid-job-b" in state["admitted"]
+    (needed,) = [o.envelope.payload for o in out if o.envelope.event_type == "preemption.needed.v1"]
+    assert [a["name"] for a in needed.snapshot["admitted"]] == ["train-a"]
+    assert needed.snapshot["others_usage"] == {"queue-b": {"a100-flavor": {"nvidia.com/gpu": 16000}}}
+
+
 def test_blocked_answer_leaves_the_preemptor_pending_with_the_policy_message(tmp_path):
     ctx = config(tmp_path)
     state, _ = run(ctx, [validated("train", 32, 0, "training")])

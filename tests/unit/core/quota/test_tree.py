@@ -156,6 +156,22 @@ def test_usage_bubbles_up_and_removal_restores():
     assert s.usage()["a"] == {"f": {GPU: 14_000}}
 
 
+def test_unlisted_usage_adds_up_as_its_workloads_would_and_listed_ones_still_come_off():
+    """A preemption request sums the usage of workloads that cannot be victims: the tree must
+    hold the same usage (bubbling past lending limits included) as with each one listed."""
+    docs = [make_flavor("f"), make_lq("lq", "a"),
+            make_cq("a").gpu("f", 10, lending=4).cohort("c").obj(), make_cq("b").gpu("f", 10).cohort("c").obj(),
+            used("a", 9, "w1"), used("a", 5, "w2"), used("a", 3, "w3"), used("b", 2, "w4")]
+    objects = load_objects(("t.yaml", d) for d in docs)
+    full = build_snapshot(objects)
+    listed = [w for w in full.workloads.values() if w.key in ("default/w2", "default/w4")]
+    partial = build_snapshot(objects, listed, {"a": [(FR, 12_000)], "nowhere": [(FR, 1_000)]})
+    assert (partial.usage(), partial.cohort_usage()) == (full.usage(), full.cohort_usage())
+    partial.remove_workload("default/w2")
+    full.remove_workload("default/w2")
+    assert (partial.usage(), partial.cohort_usage()) == (full.usage(), full.cohort_usage())
+
+
 def test_copy_is_independent():
     s = snap(
         make_flavor("f"),
