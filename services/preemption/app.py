@@ -3,13 +3,9 @@
 Wiring only; the decisions are in fold.apply (Kueue's preemption in the quota core, over
 allowed candidates only, filtered by the PreemptionPolicy in services/core/preemption_policy).
     qm.preemption (keyed by cohort) PreemptionNeeded -> VictimsSelected (same topic) + Evict (qm.actions)
-    qm.workloads  (keyed by cohort) lifecycle        -> victim history (started, preempted, finished)
-Both topics are keyed by cohort with the same partition count, so one table keyed by cohort
-serves both, and one batched agent reads both: the table's only writer, its values stored
-once per batch (or store interval), not once per event. As two agents, each storing the
-cohort's whole history after every lifecycle event, the service used more CPU than the
-queue-manager (kueue-baseline at scale 0.2: 16.4 s against 15.2 s) and lagged 100,000+
-records in kueue-large-scale.
+One batched agent, the only writer of the victim-history table (keyed by cohort). The request
+carries each possible victim's reservation and start (ADR 0020), so the service does not read
+the lifecycle on qm.workloads: that was three quarters of its CPU (ADR 0021).
 """
 
 from __future__ import annotations
@@ -22,24 +18,13 @@ from services.adapters.kueue_config import KueueConfig
 from services.adapters.runtime import ServiceRuntime
 from services.adapters.settings import Settings
 from services.contracts.codec import Envelope
-from services.contracts.events import (
-    PreemptionNeeded,
-    WorkloadEvicted,
-    WorkloadFinished,
-    WorkloadQuotaReserved,
-    WorkloadReleased,
-    WorkloadRequeued,
-    WorkloadRunning,
-)
+from services.contracts.events import PreemptionNeeded
 from services.contracts.schemas import topic_specs
 from services.preemption import fold
 from services.preemption.config import load_policy
 
 PREEMPTIONS = Counter("kueue_preempted_workloads_total", "Workloads chosen as preemption victims", ["reason"])
 BLOCKED = Counter("qm_preemption_blocked_total", "Preemption requests with no allowed victim set", [])
-
-LIFECYCLE = (WorkloadQuotaReserved, WorkloadRunning, WorkloadEvicted, WorkloadReleased, WorkloadRequeued,
-             WorkloadFinished)
 
 settings = Settings.from_env("preemption")
 runtime = ServiceRuntime(settings)
@@ -64,9 +49,6 @@ async def _apply(key: str, envelope: Envelope) -> list:
 
 async def on_event(envelope: Envelope, event) -> None:
     payload = envelope.payload
-    if isinstance(payload, LIFECYCLE):
-        await _apply(event.key.decode() if event.key else payload.uid, envelope)
-        return
     if not isinstance(payload, PreemptionNeeded):
         return  # our own answers
     key = event.key.decode() if event.key else payload.cohort
@@ -86,8 +68,7 @@ async def on_event(envelope: Envelope, event) -> None:
     )
 
 
-runtime.consume(("qm.preemption", "qm.workloads"), on_event, agent_name="fold_history", batched=True,
-                reads=[PreemptionNeeded, *LIFECYCLE])
+runtime.consume("qm.preemption", on_event, agent_name="fold_history", batched=True, reads=[PreemptionNeeded])
 
 
 @runtime.app.page("/history")

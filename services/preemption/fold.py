@@ -1,14 +1,15 @@
 """The preemption service's fold: victim history per cohort, and the answer to PreemptionNeeded.
 
 `apply(state, envelope, ctx) -> (state, outputs)` is pure. The state is a plain JSON-able
-dict kept in a faust table keyed by cohort key (qm.workloads and qm.preemption are both
-keyed by cohort, with the same partition count, so one table serves both):
+dict kept in a faust table keyed by cohort key (qm.preemption is keyed by cohort):
 
-    workloads   uid -> {namespace, reserved_at, running_at, preempted: [[at, preemptor_uid, preemptor_key]]}
+    workloads   uid -> {namespace, preempted: [[at, preemptor_uid, preemptor_key]]}
     namespaces  namespace -> [[at, victim_uid, preemptor_uid]]   (for the hourly budget)
     now         the latest event time seen (epoch seconds)
 
-History older than the policy's longest window (at least an hour) is forgotten.
+History older than the policy's longest window (at least an hour) is forgotten. Everything
+else the decision needs comes with the request: each possible victim's priority, labels,
+reservation and start (ADR 0020, 0021).
 
 A PreemptionNeeded is answered with one `preemption.victims_selected.v1` (victims, or a
 blocked message naming the policy that protects the workload Kueue would have preempted) and
@@ -24,17 +25,7 @@ from typing import Any
 
 from services.adapters.runtime import Output
 from services.contracts.codec import Envelope, make_envelope, parse_utc, utc_iso
-from services.contracts.events import (
-    ActionEvict,
-    PreemptionNeeded,
-    PreemptionVictimsSelected,
-    WorkloadEvicted,
-    WorkloadFinished,
-    WorkloadQuotaReserved,
-    WorkloadReleased,
-    WorkloadRequeued,
-    WorkloadRunning,
-)
+from services.contracts.events import ActionEvict, PreemptionNeeded, PreemptionVictimsSelected
 from services.core.preemption_policy import (
     DEFAULT_POLICY,
     Allowed,
@@ -94,47 +85,18 @@ def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, l
     state = state if state is not None else empty_state()
     payload = envelope.payload
     state["now"] = max(state["now"], epoch(envelope.occurred_at) or 0.0)
-    outputs: list[Output] = []
-
-    if isinstance(payload, PreemptionNeeded):
-        now = epoch((payload.snapshot or {}).get("now")) or epoch(envelope.occurred_at) or state["now"]
-        state["now"] = max(state["now"], now)
-        _forget_old(state, now, ctx.policy)
-        answer = decide(payload, state, now, ctx)
-        _record(state, payload, answer, now)
-        outputs = _outputs(envelope, payload, answer, now)
-        return state, outputs
-
-    workloads = state["workloads"]
-    if isinstance(payload, WorkloadQuotaReserved):
-        entry = _entry(workloads, payload.uid, payload.namespace)
-        entry["reserved_at"] = epoch(payload.reserved_at)
-        entry["running_at"] = None
-    elif isinstance(payload, WorkloadRunning):
-        entry = _entry(workloads, payload.uid, payload.namespace)
-        entry["running_at"] = epoch(payload.started_at)
-    elif isinstance(payload, WorkloadEvicted):
-        entry = _entry(workloads, payload.uid, payload.namespace)
-        entry["reserved_at"] = entry["running_at"] = None
-        if payload.preemptor:  # a preemption we may not have chosen ourselves (or our own, echoed)
-            at = epoch(payload.evicted_at) or state["now"]
-            if not any(payload.preemptor in (r[1], r[2]) for r in entry["preempted"]):
-                entry["preempted"].append([at, payload.preemptor, payload.preemptor])
-                state["namespaces"].setdefault(payload.namespace, []).append([at, payload.uid, payload.preemptor])
-    elif isinstance(payload, WorkloadReleased | WorkloadRequeued):
-        entry = workloads.get(payload.uid)
-        if entry is not None:
-            entry["reserved_at"] = entry["running_at"] = None
-    elif isinstance(payload, WorkloadFinished):
-        workloads.pop(payload.uid, None)
-    _forget_old(state, state["now"], ctx.policy)
-    return state, outputs
+    if not isinstance(payload, PreemptionNeeded):
+        return state, []  # our own answers, read back from the same topic
+    now = epoch((payload.snapshot or {}).get("now")) or epoch(envelope.occurred_at) or state["now"]
+    state["now"] = max(state["now"], now)
+    _forget_old(state, now, ctx.policy)
+    answer = decide(payload, state, now, ctx)
+    _record(state, payload, answer, now)
+    return state, _outputs(envelope, payload, answer, now)
 
 
 def _entry(workloads: dict, uid: str, namespace: str) -> dict:
-    return workloads.setdefault(
-        uid, {"namespace": namespace, "reserved_at": None, "running_at": None, "preempted": []}
-    )
+    return workloads.setdefault(uid, {"namespace": namespace, "preempted": []})
 
 
 def _forget_old(state: dict, now: float, policy: PreemptionPolicy) -> None:
@@ -148,7 +110,7 @@ def _forget_old(state: dict, now: float, policy: PreemptionPolicy) -> None:
     for uid in list(state["workloads"]):
         entry = state["workloads"][uid]
         entry["preempted"] = [r for r in entry["preempted"] if r[0] > horizon]
-        if not entry["preempted"] and entry["reserved_at"] is None and entry["running_at"] is None:
+        if not entry["preempted"]:
             del state["workloads"][uid]
     for ns in list(state["namespaces"]):
         kept = [r for r in state["namespaces"][ns] if r[0] > horizon]
@@ -184,19 +146,11 @@ def history_of(state: dict, uids: Iterable[str]) -> History:
     )
 
 
-def _started_at(admitted: dict, remembered: dict | None) -> float | None:
-    """When the workload last started: running since (snapshot, else our lifecycle history for
-    the same reservation), else holding quota since."""
-    reserved = epoch(admitted.get("reserved_at"))
+def _started_at(admitted: dict) -> float | None:
+    """When the workload last started: running since, else holding quota since (an idle
+    reservation younger than the minimum runtime is protected too, ADR 0006)."""
     running = epoch(admitted.get("running_at"))
-    if running is None and remembered and remembered.get("running_at") is not None:
-        if reserved is None or remembered["running_at"] >= reserved:
-            running = remembered["running_at"]
-    if running is not None:
-        return running
-    if reserved is not None:
-        return reserved
-    return remembered.get("reserved_at") if remembered else None
+    return running if running is not None else epoch(admitted.get("reserved_at"))
 
 
 def _usage(usage: dict) -> tuple[tuple[tuple[str, str], int], ...]:
@@ -236,7 +190,7 @@ def decide(payload: PreemptionNeeded, state: dict, now: float, ctx: Context) -> 
     candidates = [
         Candidate(
             uid=a["uid"], namespace=a["namespace"], name=a["name"], priority=int(a.get("priority") or 0),
-            labels=a.get("labels") or {}, started_at=_started_at(a, state["workloads"].get(a["uid"])),
+            labels=a.get("labels") or {}, started_at=_started_at(a),
             cluster_queue=a["cluster_queue"],
         )
         for a in admitted_docs

@@ -12,8 +12,6 @@ import pytest
 import yaml
 
 from services.adapters.bus import Publisher, read_envelopes
-from services.contracts.codec import make_envelope
-from services.contracts.events import WorkloadQuotaReserved, WorkloadRunning
 from tests.integration.processes import start_worker
 from tests.integration.test_worker_recovery import wait_for
 from tests.unit.preemption.test_preemption_fold import COHORT, FULL, admitted, kueue_docs, needed
@@ -56,15 +54,7 @@ async def test_inference_evicts_only_batch_and_a_training_only_arrival_stays_blo
     worker = start(topic_prefix, tmp_path)
     try:
         async with Publisher(kafka_bootstrap, topic_prefix) as bus:
-            for w in FULL:  # the queue-manager's lifecycle trail for the cohort
-                reserved = WorkloadQuotaReserved(uid=w["uid"], namespace=w["namespace"], name=w["name"],
-                                                 cluster_queue="gpu-queue", flavors={}, counts={}, usage=w["usage"],
-                                                 reserved_at=w["reserved_at"], cohort="ai-platform")
-                running = WorkloadRunning(uid=w["uid"], namespace=w["namespace"], name=w["name"],
-                                          started_at=w["running_at"])
-                for e in (reserved, running):
-                    await bus.publish("qm.workloads", COHORT,
-                                      make_envelope(e, producer="queue-manager", occurred_at=w["running_at"]))
+            # the request alone carries what the decision needs (each workload's reservation and start)
             first = needed("serving-team", "chat", "inference", 8, 1000, FULL)
             await bus.publish("qm.preemption", COHORT, first)
             await bus.publish("qm.preemption", COHORT, first)  # redelivered: answered once

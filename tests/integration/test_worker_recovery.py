@@ -90,8 +90,8 @@ async def distinct_outputs(bootstrap: str, topic: str) -> int:
 
 # "1.0": values applied in memory reach the changelog once a second, cursors held back to the
 # first unstored event (ADR 0014, as the services run); "0": every batch stores its values.
-# Two topics: one agent folds two co-partitioned topics into one table (the preemption
-# service); a value then holds back the cursors of both.
+# Two topics: one agent folds two co-partitioned topics into one table (ADR 0017; the
+# preemption service did until ADR 0021); a value then holds back the cursors of both.
 @pytest.mark.parametrize(
     ("store_interval_s", "topics"),
     [("1.0", ("qm.workloads",)), ("0", ("qm.workloads",)), ("1.0", ("qm.workloads", "qm.preemption"))],

@@ -48,7 +48,7 @@ async def on_workload_event(envelope: Envelope, event) -> None:
 
 
 # the table's only writer, as the services run; QM_TEST_TOPICS="qm.workloads,qm.preemption" makes
-# it one agent over two co-partitioned topics, as the preemption service runs
+# it one agent over two co-partitioned topics (ServiceRuntime.consume's co_partitioned, ADR 0017)
 topics = os.environ.get("QM_TEST_TOPICS", "qm.workloads").split(",")
 runtime.consume(topics[0] if len(topics) == 1 else topics, on_workload_event, batched=True)
 

@@ -5,12 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from services.contracts.codec import encode, make_envelope, utc_iso
-from services.contracts.events import (
-    PreemptionNeeded,
-    WorkloadFinished,
-    WorkloadQuotaReserved,
-    WorkloadRunning,
-)
+from services.contracts.events import PreemptionNeeded, WorkloadRunning
 from services.core.quota import load_objects
 from services.preemption.fold import Context, apply
 
@@ -104,19 +99,29 @@ def test_same_request_twice_counts_once_and_answers_with_the_same_id():
     assert len(state["workloads"]["uid-b3"]["preempted"]) == 1
 
 
-def test_lifecycle_history_supplies_the_start_when_the_snapshot_has_none():
-    state = None
-    for e in [WorkloadQuotaReserved(uid="uid-b9", namespace="batch-team", name="b9", cluster_queue="gpu-queue",
-                                    flavors={}, counts={}, usage={}, reserved_at=at(-60)),
-              WorkloadRunning(uid="uid-b9", namespace="batch-team", name="b9", started_at=at(-2))]:
-        state, _ = apply(state, make_envelope(e, producer="queue-manager", occurred_at=at(-2)), CTX)
-    b9 = admitted("batch-team", "b9", "batch", 32, reserved=-60, running=None)
-    _, outputs = apply(state, needed("serving-team", "chat", "inference", 8, 1000, [b9]), CTX)
+def test_an_idle_reservation_counts_as_started_when_it_was_reserved():
+    """The request carries each possible victim's reservation and start: one that holds quota
+    but has not started yet is protected by the minimum runtime from its reservation on."""
+    idle = admitted("batch-team", "b9", "batch", 32, reserved=-2, running=None)
+    _, outputs = apply(None, needed("serving-team", "chat", "inference", 8, 1000, [idle]), CTX)
     assert "has run 2m of its minRuntimeBeforePreemption 5m" in answer(outputs).blocked_message
-    state, _ = apply(state, make_envelope(WorkloadFinished(uid="uid-b9", namespace="batch-team", name="b9",
-                                                           succeeded=True, finished_at=at(1)),
-                                          producer="queue-manager", occurred_at=at(1)), CTX)
-    assert "uid-b9" not in state["workloads"]
+    started_long_ago = admitted("batch-team", "b9", "batch", 32, reserved=-60, running=-2)
+    _, outputs = apply(None, needed("serving-team", "chat", "inference", 8, 1000, [started_long_ago]), CTX)
+    assert "has run 2m of its minRuntimeBeforePreemption 5m" in answer(outputs).blocked_message  # running wins
+    _, outputs = apply(None, needed("serving-team", "chat", "inference", 8, 1000,
+                                    [admitted("batch-team", "b9", "batch", 32, reserved=-60, running=-10)]), CTX)
+    assert [v["name"] for v in answer(outputs).victims] == ["b9"]
+
+
+def test_the_lifecycle_on_other_topics_is_not_folded():
+    """Only requests are read (qm.preemption): a lifecycle event changes nothing (ADR 0021)."""
+    state, _ = apply(None, needed("serving-team", "hi-0", "inference", 32, 1000,
+                                  [admitted("batch-team", "loop", "batch", 32, reserved=-7, running=-6)], 0), CTX)
+    before = {k: v for k, v in state.items() if k != "now"}
+    running = make_envelope(WorkloadRunning(uid="uid-x", namespace="batch-team", name="x", started_at=at(1)),
+                            producer="queue-manager", occurred_at=at(1))
+    state, outputs = apply(state, running, CTX)
+    assert outputs == [] and {k: v for k, v in state.items() if k != "now"} == before
 
 
 def test_fits_already_means_no_victims_and_no_block():
@@ -152,20 +157,17 @@ def test_thrash_never_preempts_one_workload_more_than_the_cap_per_window():
 
 
 def test_history_past_the_horizon_is_dropped_once_a_minute_of_event_time_not_per_event():
+    def request(minute):  # a request that chooses nobody: it only moves the cohort's time on
+        return needed("batch-team", f"lo-{minute}", "batch", 1, 0, [], minute)
+
     state, _ = apply(None, needed("serving-team", "hi-0", "inference", 32, 1000,
                                   [admitted("batch-team", "loop", "batch", 32, reserved=-7, running=-6)], 0), CTX)
     assert state["workloads"]["uid-loop"]["preempted"]  # recorded at minute 0
-    finished = make_envelope(WorkloadFinished(uid="uid-other", namespace="batch-team", name="other", succeeded=True,
-                                              finished_at=at(30)), producer="watcher", occurred_at=at(30))
-    state, _ = apply(state, finished, CTX)
+    state, _ = apply(state, request(30), CTX)
     assert state["workloads"]["uid-loop"]["preempted"]  # inside the hour's horizon: kept
-    later = make_envelope(WorkloadFinished(uid="uid-other", namespace="batch-team", name="other", succeeded=True,
-                                           finished_at=at(61)), producer="watcher", occurred_at=at(61))
-    state, _ = apply(state, later, CTX)
+    state, _ = apply(state, request(61), CTX)
     assert "uid-loop" not in state["workloads"]  # past the horizon, and the last walk was > 60 s ago
     walked = state["forgot_at"]
     assert walked == datetime.fromisoformat(at(61)).timestamp()
-    state, _ = apply(state, make_envelope(WorkloadFinished(uid="uid-x", namespace="batch-team", name="x",
-                                                           succeeded=True, finished_at=at(61.5)),
-                                          producer="watcher", occurred_at=at(61.5)), CTX)
+    state, _ = apply(state, request(61.5), CTX)
     assert state["forgot_at"] == walked  # 30 s later: no walk
