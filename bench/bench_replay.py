@@ -57,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
     ROOT,
+    SERVICE_INPUTS,
     BenchStack,
     Progress,
     PySpy,
@@ -254,8 +255,9 @@ async def run(args: argparse.Namespace) -> dict:
         sim_wall = time.monotonic() - sim_started
         progress(f"simulator done in {sim_wall:.1f} s; waiting for the services to commit everything", force=True)
         groups = [stack.group(s) for s in SERVICES]
+        reads = {stack.group(s): [stack.prefix + t for t in SERVICE_INPUTS[s]] for s in SERVICES}
         drain = await wait_drained(stack.bootstrap, groups, timeout_s=max(30.0, args.timeout - sim_wall),
-                                   progress=progress, stack=stack)  # fmt: skip
+                                   progress=progress, stack=stack, reads=reads)  # fmt: skip
         wall = time.monotonic() - sim_started
         if spy:
             profiles = spy.stop()
@@ -270,7 +272,8 @@ async def run(args: argparse.Namespace) -> dict:
             # it (by-cost-center) and the row index (qm.billing) do not change the rows.
             # (a long stall window: one batch of the ledger fold can take a minute to commit)
             drain = await wait_drained(stack.bootstrap, groups, timeout_s=args.reconcile_wait, progress=progress,
-                                       stack=stack, ignore=("-by-cost-center", "qm.billing"), stall_s=120)  # fmt: skip
+                                       stack=stack, ignore=("-by-cost-center", "qm.billing"), stall_s=120,
+                                       reads=reads)  # fmt: skip
         # when every ledger row was out (the whole stack drained, if that came within the timeout)
         rows_out_after = time.monotonic() - sim_started if drain["drained"] else None
         exited = stack.exited()  # (read before the stack is stopped: then every service has exited)

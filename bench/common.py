@@ -330,14 +330,35 @@ async def topic_end_offsets(bootstrap: str, topics: list[str]) -> dict[str, int]
         await consumer.stop()
 
 
+# The topics each service's consumer group reads (topics.yaml names). Only asked about a group
+# that has committed nothing: it is drained when these are all still empty (the preemption
+# service reads only qm.preemption, and a replay without preemption writes none).
+SERVICE_INPUTS = {
+    "admission": ("qm.cluster",),
+    "queue-manager": ("qm.workloads", "qm.cluster", "qm.clock", "qm.preemption"),
+    "preemption": ("qm.preemption",),
+    "cost-accounting": ("qm.workloads", "qm.billing"),
+}
+
+
+async def _nothing_to_read(bootstrap: str, lags: dict[str, Any], reads: dict[str, list[str]]) -> dict[str, Any]:
+    """``lags`` with {} for each group that has committed nothing and whose topics are all empty."""
+    idle = [g for g, per in lags.items() if per is None and reads.get(g)]
+    if not idle:
+        return lags
+    ends = await topic_end_offsets(bootstrap, sorted({t for g in idle for t in reads[g]}))
+    return {g: ({} if g in idle and not any(ends[t] for t in reads[g]) else per) for g, per in lags.items()}
+
+
 async def wait_drained(bootstrap: str, groups: list[str], timeout_s: float, progress: Progress | None = None,
                        poll_s: float = 2.0, stall_s: float = 30.0, stack: BenchStack | None = None,
-                       ignore: tuple[str, ...] = ()) -> dict[str, Any]:
+                       ignore: tuple[str, ...] = (), reads: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """Wait until every group has committed everything it reads (twice in a row: faust commits
     every few seconds), or until what is left has not moved for ``stall_s`` (a stalled agent:
     waiting longer would not help), a service of ``stack`` exiting, or the timeout. Topics
-    ending with one of ``ignore`` do not count. Returns drained, stalled topics, last lags (and
-    ``exited`` services)."""
+    ending with one of ``ignore`` do not count. ``reads``: group -> the topics it reads, so a
+    group that has committed nothing because they are empty counts as drained. Returns
+    drained, stalled topics, last lags (and ``exited`` services)."""
     deadline = time.monotonic() + timeout_s
     calm, last, since = 0, None, time.monotonic()
     lags: dict[str, Any] = {}
@@ -345,8 +366,9 @@ async def wait_drained(bootstrap: str, groups: list[str], timeout_s: float, prog
         if stack is not None and stack.exited():
             return {"drained": False, "stalled": {}, "lags": await group_lag(bootstrap, groups),
                     "exited": stack.exited()}
-        lags = await group_lag(bootstrap, groups)
-        left = {f"{g} {t}": n for g, per in lags.items() for t, n in (per or {"(nothing committed)": -1}).items()
+        lags = await _nothing_to_read(bootstrap, await group_lag(bootstrap, groups), reads or {})
+        left = {f"{g} {t}": n for g, per in lags.items()
+                for t, n in (per if per is not None else {"(nothing committed)": -1}).items()
                 if n and not t.endswith(ignore)}
         calm = calm + 1 if not left else 0
         if calm >= 2:
