@@ -125,7 +125,8 @@ async def run(args: argparse.Namespace) -> dict:
         progress(f"published in {publish_s:.1f} s; waiting until every service has committed all of it", force=True)
         fed = time.monotonic()
         readers = [stack.group(s) for s in SERVICES if s != "admission"]  # admission reads nothing here
-        drain = await wait_drained(stack.bootstrap, readers, args.timeout, progress, stall_s=60, stack=stack)
+        drain = await wait_drained(stack.bootstrap, readers, args.timeout, progress, stall_s=60, stack=stack,
+                                   reads=stack.reads(s for s in SERVICES if s != "admission"))
         process_s = time.monotonic() - fed
         peak = dict(stack.read_peak_memory())
         cpu = dict(stack.cpu_s)

@@ -57,7 +57,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
     ROOT,
-    SERVICE_INPUTS,
     BenchStack,
     Progress,
     PySpy,
@@ -255,7 +254,7 @@ async def run(args: argparse.Namespace) -> dict:
         sim_wall = time.monotonic() - sim_started
         progress(f"simulator done in {sim_wall:.1f} s; waiting for the services to commit everything", force=True)
         groups = [stack.group(s) for s in SERVICES]
-        reads = {stack.group(s): [stack.prefix + t for t in SERVICE_INPUTS[s]] for s in SERVICES}
+        reads = stack.reads(SERVICES)
         drain = await wait_drained(stack.bootstrap, groups, timeout_s=max(30.0, args.timeout - sim_wall),
                                    progress=progress, stack=stack, reads=reads)  # fmt: skip
         wall = time.monotonic() - sim_started

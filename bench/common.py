@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
@@ -237,6 +237,10 @@ class BenchStack:
 
     def group(self, service: str) -> str:
         return f"qm-{service}{self.suffix}"
+
+    def reads(self, services: Iterable[str]) -> dict[str, list[str]]:
+        """Each service's consumer group -> the topics it reads, with this stack's prefix."""
+        return {self.group(s): [self.prefix + t for t in SERVICE_INPUTS[s]] for s in services}
 
     async def stop(self) -> None:
         if self.stack is not None:
