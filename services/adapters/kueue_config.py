@@ -12,12 +12,11 @@ from services.core.quota import Objects, build_snapshot, load_objects
 
 def load_config_dir(directory: str | Path) -> Objects:
     """Every Kueue document in the *.yaml / *.yml files of `directory` (not its subdirectories)."""
-    documents = []
-    for path in sorted(Path(directory).glob("*.y*ml")):
-        for document in yaml_documents.load_all(path.read_text()):
-            if isinstance(document, dict) and str(document.get("apiVersion", "")).startswith("kueue.x-k8s.io/"):
-                documents.append((str(path), document))
-    return load_objects(documents)
+    return load_objects(
+        (path, document)
+        for path, document in yaml_documents.documents_in(directory)
+        if isinstance(document, dict) and str(document.get("apiVersion", "")).startswith("kueue.x-k8s.io/")
+    )
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ same text in 0.2 s, into the same Python values."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -24,3 +25,13 @@ def load_all(text: str | bytes) -> list[Any]:
 def load(text: str | bytes) -> Any:
     """The single document of a YAML text, safe types only."""
     return yaml.load(text, Loader=_Loader)
+
+
+def documents_in(directory: str | Path) -> list[tuple[str, Any]]:
+    """(file, document) for every document of the *.yaml / *.yml files of `directory` (not its
+    subdirectories), files in name order: a config directory as the services read it."""
+    return [
+        (str(path), document)
+        for path in sorted(Path(directory).glob("*.y*ml"))
+        for document in load_all(path.read_text())
+    ]

@@ -18,11 +18,11 @@ from services.core.preemption_policy import (
 def load_policy(directory: str | Path) -> PreemptionPolicy:
     """The one PreemptionPolicy in the *.yaml / *.yml files of `directory`; the defaults
     (training not preemptible, inference may preempt lower-priority batch) when there is none."""
-    found: list[tuple[str, dict]] = []
-    for path in sorted(Path(directory).glob("*.y*ml")):
-        for document in yaml_documents.load_all(path.read_text()):
-            if isinstance(document, dict) and document.get("apiVersion") == API_VERSION and document.get("kind") == KIND:
-                found.append((str(path), document))
+    found = [
+        (path, document)
+        for path, document in yaml_documents.documents_in(directory)
+        if isinstance(document, dict) and document.get("apiVersion") == API_VERSION and document.get("kind") == KIND
+    ]
     if not found:
         return DEFAULT_POLICY
     if len(found) > 1:

@@ -734,7 +734,7 @@ def _drain(state: dict, ctx: Context, emit: _Emitter, only: list[str] | None = N
                          decision.message or str(decision.reason))
     # Asked once this pass's admissions are in the state: the drain judged these with all of
     # them holding quota, and a question sent before some were added said the cohort had room
-    # (two thirds of the answers in one kueue-large-scale run were "it fits already").
+    # (100 of 327 answers in a kueue-large-scale run at scale 0.1 were "it fits already").
     for decision, workload in preempting:
         uid = workload["uid"]
         # One question per ClusterQueue in flight (Kueue nominates one head per queue and

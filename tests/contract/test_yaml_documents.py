@@ -42,3 +42,16 @@ def test_documents_read_as_pyyaml_safe_load_reads_them():
 def test_python_object_tags_are_refused():
     with pytest.raises(yaml.YAMLError):
         yaml_documents.load_all("!!python/object/apply:os.system ['true']")
+
+
+def test_a_config_directory_is_its_yaml_files_in_name_order_without_subdirectories(tmp_path):
+    (tmp_path / "b.yml").write_text("kind: B\n")
+    (tmp_path / "a.yaml").write_text("kind: A1\n---\nkind: A2\n")
+    (tmp_path / "notes.txt").write_text("kind: ignored\n")
+    (tmp_path / "nested").mkdir()
+    (tmp_path / "nested" / "c.yaml").write_text("kind: ignored\n")
+    assert yaml_documents.documents_in(tmp_path) == [
+        (str(tmp_path / "a.yaml"), {"kind": "A1"}),
+        (str(tmp_path / "a.yaml"), {"kind": "A2"}),
+        (str(tmp_path / "b.yml"), {"kind": "B"}),
+    ]
