@@ -37,7 +37,7 @@ from aiokafka.admin import AIOKafkaAdminClient  # noqa: E402
 
 from services.adapters import bus  # noqa: E402
 from services.adapters.bus import create_topics  # noqa: E402
-from services.demo.stack import Stack, free_base_port  # noqa: E402
+from services.demo.stack import Stack, cost_nice, free_base_port  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 BOOTSTRAP = os.environ.get("QM_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
@@ -79,6 +79,9 @@ def machine() -> dict[str, Any]:
         "git_dirty_paths": [line[3:] for line in dirty.splitlines()][:40],
         # which uncommitted edits the run saw (the same diff gives the same digest)
         "git_diff_sha256": hashlib.sha256(_git("diff", "HEAD").encode()).hexdigest()[:16] if dirty else None,
+        # the settings the services ran with, where they differ from the defaults
+        "settings": {k: v for k, v in sorted(os.environ.items()) if k.startswith("QM_")},
+        "cost_nice": cost_nice(),
     }
 
 
