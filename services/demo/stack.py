@@ -23,18 +23,21 @@ def cost_nice() -> int:
     default 10; 0: the same). On one machine the services share the cores, and the ledger may
     lag where quota decisions must not (ADR 0022)."""
     raw = os.environ.get("QM_COST_NICE", "10")
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SystemExit(f"QM_COST_NICE={raw!r}: expected a niceness from 0 to 19 (0: no lower priority)") from None
+    value = int(raw) if raw.strip().isdigit() else -1
     if not 0 <= value <= 19:
-        raise SystemExit(f"QM_COST_NICE={value}: expected a niceness from 0 to 19 (0: no lower priority)")
+        raise SystemExit(f"QM_COST_NICE={raw!r}: expected a niceness from 0 to 19 (0: no lower priority)")
     return value
 
 
 def lowered_priority(nice: int) -> Callable[[], None] | None:
     """A preexec_fn that starts the child process `nice` steps lower in CPU priority."""
-    return (lambda: os.nice(nice) and None) if nice else None
+    if not nice:
+        return None
+
+    def lower() -> None:
+        os.nice(nice)
+
+    return lower
 
 
 def free_base_port(count: int = len(SERVICES)) -> int:
