@@ -262,7 +262,8 @@ EVENT_LOOPS = ("uvloop", "aio")
 
 def choose_event_loop(service: str, choice: str) -> None:
     """Install the event loop a worker runs on, before faust creates it. uvloop (the default)
-    runs the same services with 5-20% less CPU (ADR 0019); `aio` is asyncio's own loop."""
+    runs the same services with 5-8% less CPU, measured against the bench runner's own CPU
+    (ADR 0019); `aio` is asyncio's own loop."""
     if choice not in EVENT_LOOPS:
         raise SystemExit(f"{service}: QM_EVENT_LOOP={choice!r} is not one of {', '.join(EVENT_LOOPS)}")
     if choice == "uvloop":  # what mode.loop.use("uvloop") does, but on every call, not at first import
