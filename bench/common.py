@@ -158,6 +158,21 @@ def cpu_seconds(pid: int) -> float | None:
     return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 1)
 
 
+BROKER_LABEL = "broker (kafka)"
+
+
+def broker_pid() -> int | None:
+    """The local broker's pid, from deploy/kafka/kafka.sh's pid file (None: another broker)."""
+    cache = Path(os.environ.get("QM_CACHE", Path.home() / ".cache" / "quartermaster"))
+    pid_file = Path(os.environ.get("QM_KAFKA_HOME", cache / "kafka-run")) / "broker.pid"
+    try:
+        pid = int(pid_file.read_text().strip())
+        alive = "kafka" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    except (OSError, ValueError):
+        return None
+    return pid if alive else None
+
+
 def own_cpu_s() -> float:
     """CPU seconds this process (the load generator / simulator) has used."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -189,6 +204,7 @@ class BenchStack:
     peak_mib: dict[str, float | None] = field(default_factory=dict)
     cpu_s: dict[str, float | None] = field(default_factory=dict)
     ready_s: float | None = None
+    broker_cpu_at_start: float | None = None  # the local broker's CPU seconds when the services started
 
     def __post_init__(self) -> None:
         self.prefix = f"bench-{self.run}."
@@ -212,6 +228,8 @@ class BenchStack:
     async def start(self) -> None:
         """Start the four services and wait until each answers /readyz."""
         self.stack = Stack(self.run_dir, self.service_env(), base_port=free_base_port())
+        pid = broker_pid()
+        self.broker_cpu_at_start = cpu_seconds(pid) if pid else None
         started = time.monotonic()
         self.stack.start()
         await asyncio.to_thread(self.stack.wait_ready, 120)
@@ -221,12 +239,17 @@ class BenchStack:
         return {name: p.pid for name, p in (self.stack.processes.items() if self.stack else ())}
 
     def read_peak_memory(self) -> dict[str, float | None]:
-        """Peak memory (VmHWM) of each live service, and the CPU seconds it has used (``cpu_s``)."""
+        """Peak memory (VmHWM) of each live service, and the CPU seconds it has used (``cpu_s``);
+        the local broker's CPU since the services started too (it shares the machine's cores)."""
         for service, pid in self.pids().items():
             value = vm_hwm_mib(pid)
             if value is not None:
                 self.peak_mib[service] = value
                 self.cpu_s[service] = cpu_seconds(pid)
+        pid = broker_pid()
+        now = cpu_seconds(pid) if pid else None
+        if now is not None and self.broker_cpu_at_start is not None:
+            self.cpu_s[BROKER_LABEL] = round(now - self.broker_cpu_at_start, 1)
         return self.peak_mib
 
     def exited(self) -> dict[str, dict[str, Any]]:
@@ -342,7 +365,7 @@ async def topic_end_offsets(bootstrap: str, topics: list[str]) -> dict[str, int]
 # service reads only qm.preemption, and a replay without preemption writes none).
 SERVICE_INPUTS = {
     "admission": ("qm.cluster",),
-    "queue-manager": ("qm.workloads", "qm.cluster", "qm.clock", "qm.preemption"),
+    "queue-manager": ("qm.workloads", "qm.clock", "qm.preemption"),
     "preemption": ("qm.preemption",),
     "cost-accounting": ("qm.workloads", "qm.billing"),
 }

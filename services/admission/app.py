@@ -4,6 +4,8 @@
         qm.workloads: workload.validated.v1 keyed by cohort (for the queue-manager), or
                       workload.rejected.v1 with every violated rule, or
                       workload.pending.v1 (Inadmissible) when the LocalQueue does not exist.
+    qm.cluster (pod running / finished, workload finished, node capacity) -> re-keyed by
+        cohort onto qm.workloads (cohort_stream; ADR 0023), in the workload's own order.
     QM_WEBHOOK_PORT set -> the same evaluator also serves /validate and /mutate (HTTPS when
     QM_WEBHOOK_CERT and QM_WEBHOOK_KEY are given).
 Policies load from QM_POLICY_DIR at start; a new set published on qm.config (`qm config publish`)
@@ -25,6 +27,7 @@ from services.adapters.live_replica import LiveReplica
 from services.adapters.runtime import Output, ServiceRuntime
 from services.adapters.settings import Settings
 from services.admission import translate
+from services.admission.cohort_stream import FORWARDED, UnknownQueue, cohort_stream_outputs
 from services.contracts.codec import Envelope, make_envelope
 from services.contracts.events import ConfigSnapshot, WorkloadSubmitted
 from services.core.quota import ConfigError
@@ -80,16 +83,23 @@ def decide(submitted: WorkloadSubmitted, cause: Envelope) -> list[Output]:
 
 
 async def on_cluster_event(envelope: Envelope, event) -> None:
-    if not isinstance(envelope.payload, WorkloadSubmitted):
+    if isinstance(envelope.payload, WorkloadSubmitted):
+        await replica.caught_up.wait()  # never judge against an empty replica
+        await runtime.publish(decide(envelope.payload, envelope))
         return
-    await replica.caught_up.wait()  # never judge against an empty replica
-    await runtime.publish(decide(envelope.payload, envelope))
+    try:
+        outputs = cohort_stream_outputs(envelope, config)
+    except UnknownQueue as error:
+        runtime.log.warning("lifecycle event for a workload in no known queue; not forwarded",
+                            event_id=envelope.event_id, detail=str(error))
+        return
+    await runtime.publish(outputs)
 
 
 # Batched: a batch's decisions are sent together and their acknowledgements awaited once, at its
 # end. One at a time, each submission waited for its decision's broker round trip and the agent
 # spent ~75% of the baseline bench's submission burst waiting (p50 submitted -> validated 7 s).
-runtime.consume("qm.cluster", on_cluster_event, batched=True)
+runtime.consume("qm.cluster", on_cluster_event, batched=True, reads=[WorkloadSubmitted, *FORWARDED])
 
 
 @runtime.app.task

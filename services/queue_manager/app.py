@@ -2,7 +2,8 @@
 
 Wiring only; the decisions are in state.apply (a pure fold over the quota core).
     qm.workloads (keyed by cohort)  -> fold per cohort -> QuotaReserved, Pending, Released, ...
-    qm.cluster   (keyed by uid)     -> re-keyed by cohort onto qm.workloads (running, finished)
+                                       (pod and node facts from qm.cluster arrive on it already,
+                                       re-keyed by admission: ADR 0023)
     qm.clock     (one partition)    -> one tick per cohort onto qm.workloads
     qm.preemption (keyed by cohort) -> VictimsSelected joins the cohort's stream on qm.workloads
     QuotaRules configured: qm.usage + node capacity (read whole) -> cluster.signals.v1 per ruled
@@ -30,12 +31,7 @@ from services.contracts.events import (
     ClockTick,
     ClusterSignals,
     ConfigSnapshot,
-    NodeCapacity,
-    PodFinished,
-    PodRunning,
     PreemptionVictimsSelected,
-    WorkloadFinished,
-    WorkloadRunning,
 )
 from services.contracts.schemas import topic_specs
 from services.core.quota import ConfigError, load_objects
@@ -150,44 +146,6 @@ async def on_workload_event(envelope: Envelope, event) -> None:
     changed_cohorts.add(key)
 
 
-async def on_cluster_event(envelope: Envelope, event) -> None:
-    """Lifecycle facts about a workload move to the partition that owns its cohort, so every
-    reader of qm.workloads (this fold, cost-accounting) sees one cohort's story in one order.
-    Pod events travel as they are (cost bills pods that start at different times) and the
-    first running pod also becomes workload.running for the fold."""
-    payload = envelope.payload
-    if isinstance(payload, NodeCapacity):  # every cohort places its own workloads on the nodes
-        await runtime.publish([
-            Output("qm.workloads", key, make_envelope(payload, producer=fold.PRODUCER,
-                                                      occurred_at=envelope.occurred_at,
-                                                      identity=(envelope.event_id, key), cause=envelope))
-            for key in config.cohort_keys()
-        ])
-        return
-    if isinstance(payload, PodRunning | PodFinished):
-        key = config.routing_key(payload.namespace, payload.queue_name)
-        forwarded = [payload]
-        if isinstance(payload, PodRunning):
-            forwarded.append(WorkloadRunning(
-                uid=payload.workload_uid, namespace=payload.namespace,
-                name=payload.workload_name or payload.workload_uid, started_at=payload.started_at))
-    elif isinstance(payload, WorkloadFinished):
-        key = config.routing_key(payload.namespace, payload.queue_name, payload.cluster_queue)
-        forwarded = [payload]
-    else:
-        return
-    if key is None:
-        runtime.log.warning("lifecycle event for a workload in no known queue", event_id=envelope.event_id,
-                            namespace=payload.namespace)
-        return
-    await runtime.publish([
-        Output("qm.workloads", key, make_envelope(p, producer=fold.PRODUCER, occurred_at=envelope.occurred_at,
-                                                  identity=(envelope.event_id, "rekeyed", p.EVENT_TYPE),
-                                                  cause=envelope))
-        for p in forwarded
-    ])
-
-
 async def on_clock_tick(envelope: Envelope, event) -> None:
     """Ticks arrive on one partition; every cohort owner needs them to expire reservations.
     With QuotaRules, the cluster's live figures follow the tick onto each ruled cohort's stream
@@ -257,11 +215,9 @@ async def follow_live_state() -> None:
 
 
 runtime.consume("qm.workloads", on_workload_event, batched=True, reads=fold.FOLDED)  # the cohort table's only writer
-# The re-keying agents write no table but their cursors: batched, so a batch's forwarded records
-# are acknowledged together. One at a time, qm.cluster's agent spent ~90% of the baseline bench
-# awaiting one acknowledgement per record, behind the fold's writes on the same producer.
+# The re-keying agent writes no table but its cursors: batched, so a batch's forwarded records
+# are acknowledged together (one at a time, a forwarder waits a broker round trip per record).
 runtime.consume("qm.preemption", on_preemption_event, batched=True, reads=[PreemptionVictimsSelected])
-runtime.consume("qm.cluster", on_cluster_event, batched=True)
 runtime.consume("qm.clock", on_clock_tick)
 
 

@@ -12,7 +12,15 @@ import pytest
 
 from services.adapters.bus import Publisher, read_envelopes
 from services.contracts.codec import make_envelope
-from services.contracts.events import NamespaceLabels, UsageSnapshot, WorkloadSubmitted
+from services.contracts.events import (
+    NamespaceLabels,
+    NodeCapacity,
+    PodFinished,
+    PodRunning,
+    UsageSnapshot,
+    WorkloadFinished,
+    WorkloadSubmitted,
+)
 from tests.integration.processes import start_worker
 from tests.integration.test_worker_recovery import wait_for
 
@@ -100,3 +108,60 @@ async def test_namespace_gpu_maximum_counts_live_usage(kafka_bootstrap, topic_pr
     assert (lost.event_type, lost.payload.reason) == ("workload.pending.v1", "Inadmissible")
     assert "LocalQueue nope doesn't exist in namespace ml-team" in lost.payload.message
     assert second["llm-8gpu-retry"].event_type == "workload.validated.v1"
+
+
+async def test_a_workloads_pod_facts_follow_its_verdict_onto_its_cohorts_stream(kafka_bootstrap, topic_prefix, tmp_path):
+    """ADR 0023: admission re-keys pod and workload lifecycle facts from qm.cluster (keyed by
+    uid) onto qm.workloads under the cohort key, in the workload's own order; node capacity
+    goes to every cohort. A fact about an unknown queue is logged and the stream goes on."""
+    env = {"QM_TOPIC_PREFIX": topic_prefix, "QM_APP_ID_SUFFIX": f"-{uuid.uuid4().hex[:8]}", "QM_STORE": "memory://",
+           "QM_DATA_DIR": str(tmp_path), "QM_CONFIG_DIR": str(REPO / "examples" / "seed"),
+           "QM_POLICY_DIR": str(REPO / "policies" / "library")}
+    async with Publisher(kafka_bootstrap, topic_prefix) as bus:  # the namespace the policies look up
+        ns = NamespaceLabels(namespace="ml-team", labels={"quartermaster.dev/cost-center": "cc-ml"})
+        await bus.publish("qm.cluster", "ml-team", make_envelope(ns, producer="test", occurred_at=AT))
+        await bus.flush()
+    worker = start_worker("services.admission", env, tmp_path / "admission.log")
+    pod = {"uid": "pod-train", "workload_uid": "uid-train", "namespace": "ml-team", "name": "train-0",
+           "queue_name": "team-ml"}
+    facts = [
+        ("uid-stray", PodRunning(**{**pod, "uid": "pod-stray", "workload_uid": "uid-stray", "queue_name": "nope"},
+                                 workload_name="stray", started_at=AT)),
+        ("uid-train", submitted("train", 4)),
+        ("uid-train", PodRunning(**pod, workload_name="train", started_at="2026-11-29T10:01:00Z")),
+        ("uid-train", PodFinished(**pod, phase="Succeeded", finished_at="2026-11-29T10:09:00Z")),
+        ("uid-train", WorkloadFinished(uid="uid-train", namespace="ml-team", name="train", queue_name="team-ml",
+                                       succeeded=True, finished_at="2026-11-29T10:09:00Z")),
+        ("a100-0", NodeCapacity(node="a100-0", flavor="a100-flavor", allocatable={"nvidia.com/gpu": 8000})),
+    ]
+    try:
+        worker.wait_ready()
+        async with Publisher(kafka_bootstrap, topic_prefix) as bus:
+            for key, fact in facts:
+                envelope = fact if hasattr(fact, "payload") else make_envelope(fact, producer="test", occurred_at=AT)
+                await bus.publish("qm.cluster", key, envelope)
+            await bus.flush()
+
+        async def on_stream():
+            return [(r.key, e) async for r, e in read_envelopes(kafka_bootstrap, topic_prefix + "qm.workloads")
+                    if not isinstance(e, Exception)]
+
+        async def all_forwarded():
+            return len(await on_stream()) >= 6
+
+        await wait_for(all_forwarded, 60, "the verdict and five forwarded records")
+        stream = await on_stream()
+    finally:
+        worker.stop()
+    assert [(key, e.event_type) for key, e in stream if e.event_type != "node.capacity.v1"] == [
+        (b"gpu-queue", "workload.validated.v1"),
+        (b"gpu-queue", "pod.running.v1"),
+        (b"gpu-queue", "workload.running.v1"),
+        (b"gpu-queue", "pod.finished.v1"),
+        (b"gpu-queue", "workload.finished.v1"),
+    ]
+    assert [(key, e.payload.node) for key, e in stream if e.event_type == "node.capacity.v1"] == [
+        (b"gpu-queue", "a100-0")]
+    assert all(e.producer == "admission" for _, e in stream)
+    assert "pod-stray" not in str([e.payload for _, e in stream])
+    assert "no known queue" in worker.log()

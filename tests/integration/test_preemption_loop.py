@@ -12,6 +12,8 @@ import pytest
 import yaml
 
 from services.adapters.bus import Publisher, read_envelopes
+from services.adapters.kueue_config import KueueConfig
+from services.admission.cohort_stream import cohort_stream_outputs
 from services.contracts.codec import make_envelope
 from services.contracts.events import PodRunning, WorkloadValidated
 from tests.integration.processes import start_worker
@@ -80,8 +82,9 @@ async def test_inference_takes_batch_quota_and_a_training_only_arrival_stays_pen
                            for e in await trail(kafka_bootstrap, topic_prefix)) == 3
 
             await wait_for(three_reserved, 60, "the full queue")
-            for name in ("llm-ft", "batch-a", "batch-b"):
-                await bus.publish("qm.cluster", f"uid-{name}", running(name, "2026-11-29T09:01:00Z"))
+            for name in ("llm-ft", "batch-a", "batch-b"):  # as admission forwards them from qm.cluster
+                for forwarded in cohort_stream_outputs(running(name, "2026-11-29T09:01:00Z"), KueueConfig.load(directory)):
+                    await bus.publish(forwarded.topic, forwarded.key, forwarded.envelope)
             await bus.flush()
 
             async def all_running():

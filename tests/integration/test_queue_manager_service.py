@@ -1,5 +1,6 @@
 """The queue-manager service on the real broker: decisions per event, pre-freeze expiry
-through qm.clock, running through qm.cluster, and SIGKILL in the middle of a burst."""
+through qm.clock, running through the cohort's stream (as admission forwards it from
+qm.cluster), and SIGKILL in the middle of a burst."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import yaml
 
 from services.adapters.bus import Publisher, read_envelopes
 from services.adapters.kueue_config import KueueConfig
+from services.admission.cohort_stream import cohort_stream_outputs
 from services.contracts.codec import make_envelope
 from services.contracts.events import ClockTick, NodeCapacity, PodRunning, WorkloadFinished, WorkloadValidated
 from services.queue_manager.state import Context, apply
@@ -53,7 +55,8 @@ async def test_seed_flow_reserve_pending_run_expire(kafka_bootstrap, topic_prefi
                                                name="used-0", queue_name="team-ml", workload_name="used",
                                                started_at="2026-11-29T10:01:00Z"),
                                     producer="test", occurred_at="2026-11-29T10:01:00Z")
-            await bus.publish("qm.cluster", "uid-used", running)
+            for forwarded in cohort_stream_outputs(running, KueueConfig.load(SEED)):  # what admission sends
+                await bus.publish(forwarded.topic, forwarded.key, forwarded.envelope)
             await bus.flush()
 
             async def running_counted():  # topics are read concurrently: order the tick after it

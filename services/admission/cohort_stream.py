@@ -1,0 +1,65 @@
+"""Cluster facts onto the cohort's stream (ADR 0009, moved here by ADR 0023).
+
+Pure: one qm.cluster envelope -> the qm.workloads records that carry it under the cohort key,
+so every reader of qm.workloads (the queue-manager's fold, cost-accounting) sees one cohort's
+story in one order. Admission reads every qm.cluster record anyway (submissions are among
+them), and reads one workload's records in their own order, so its validation and its pod
+events reach the cohort's stream in the order they happened.
+
+* pod.running.v1 / pod.finished.v1 travel as they are (cost bills pods that start at
+  different times); the running one also becomes workload.running.v1 for the fold (the fold
+  counts the first).
+* workload.finished.v1 travels as it is.
+* node.capacity.v1 goes to every cohort key: each cohort places its own workloads on the nodes.
+
+Event ids derive from the source event's id and the record type alone (not from who
+forwards), so the same fact forwarded twice is one event to every reader.
+"""
+
+from __future__ import annotations
+
+from services.adapters.kueue_config import KueueConfig
+from services.adapters.runtime import Output
+from services.contracts.codec import Envelope, make_envelope
+from services.contracts.events import NodeCapacity, PodFinished, PodRunning, WorkloadFinished, WorkloadRunning
+
+PRODUCER = "admission"
+#: The qm.cluster records that join the cohort's stream.
+FORWARDED = (PodRunning, PodFinished, WorkloadFinished, NodeCapacity)
+
+
+class UnknownQueue(LookupError):
+    """A lifecycle fact about a workload whose queue the configuration does not know."""
+
+
+def cohort_stream_outputs(envelope: Envelope, config: KueueConfig) -> list[Output]:
+    """The qm.workloads records for one qm.cluster fact ([] for facts no cohort reads).
+    Raises UnknownQueue when the workload's LocalQueue / ClusterQueue is not configured."""
+    payload = envelope.payload
+    if isinstance(payload, NodeCapacity):
+        return [
+            Output("qm.workloads", key, make_envelope(payload, producer=PRODUCER, occurred_at=envelope.occurred_at,
+                                                      identity=(envelope.event_id, key), cause=envelope))
+            for key in config.cohort_keys()
+        ]
+    if isinstance(payload, PodRunning | PodFinished):
+        key = config.routing_key(payload.namespace, payload.queue_name)
+        forwarded = [payload]
+        if isinstance(payload, PodRunning):
+            forwarded.append(WorkloadRunning(
+                uid=payload.workload_uid, namespace=payload.namespace,
+                name=payload.workload_name or payload.workload_uid, started_at=payload.started_at))
+    elif isinstance(payload, WorkloadFinished):
+        key = config.routing_key(payload.namespace, payload.queue_name, payload.cluster_queue)
+        forwarded = [payload]
+    else:
+        return []
+    if key is None:
+        raise UnknownQueue(f"{envelope.event_type} {envelope.event_id}: namespace {payload.namespace!r}, "
+                           f"queue {getattr(payload, 'queue_name', None)!r} is in no configured LocalQueue")
+    return [
+        Output("qm.workloads", key, make_envelope(p, producer=PRODUCER, occurred_at=envelope.occurred_at,
+                                                  identity=(envelope.event_id, "rekeyed", p.EVENT_TYPE),
+                                                  cause=envelope))
+        for p in forwarded
+    ]
