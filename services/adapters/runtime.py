@@ -62,7 +62,7 @@ CURSOR_LAG_MAX = 1000
 # How long a batched agent's table value may be applied in memory before it is written to its
 # changelog, and how many events it may take in meanwhile (well inside SEEN_WINDOW, so that a
 # replay of them onto a newer state is recognised as duplicates). ADR 0014.
-STORE_INTERVAL_S = float(os.environ.get("QM_STORE_INTERVAL_S", 1.0))
+STORE_INTERVAL_S = float(os.environ.get("QM_STORE_INTERVAL_S", 4.0))  # ADR 0014 (1 s until stop 21)
 STORE_EVENTS_MAX = 1000
 # How long a revocation waits for the batch under way to finish and store.
 REVOKE_WAIT_S = float(os.environ.get("QM_REVOKE_WAIT_S", 5.0))
@@ -73,8 +73,8 @@ REVOKE_WAIT_S = float(os.environ.get("QM_REVOKE_WAIT_S", 5.0))
 MAX_RECORD_BYTES = int(os.environ.get("QM_MAX_RECORD_BYTES", 16 * 1024 * 1024))
 # Changelog records a table's recovery holds before applying them (see table()).
 RECOVERY_BUFFER_SIZE = max(2, int(os.environ.get("QM_RECOVERY_BUFFER", 32)))
-#: Topics that keep the latest value per key (topics.yaml cleanup_policy: compact): a batch
-#: sends only its last output per key to them (ServiceRuntime._hold_latest).
+#: Topics that keep the latest value per key (topics.yaml cleanup_policy: compact): the only
+#: ones an Output may mark `latest_only` (ServiceRuntime._hold_latest).
 COMPACTED_TOPICS = frozenset(name for name, spec in topic_specs().items() if spec.cleanup_policy == "compact")
 
 
@@ -282,11 +282,21 @@ class TemporaryError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Output:
-    """One message a fold wants published: topic name (from topics.yaml), key, envelope."""
+    """One message a fold wants published: topic name (from topics.yaml), key, envelope.
+
+    `latest_only`: the value supersedes every earlier one of its key (a compacted topic's
+    latest value, e.g. a namespace's usage), so a batch sends only its last such output per
+    topic and key (ADR 0024)."""
 
     topic: str
     key: str
     envelope: Envelope
+    latest_only: bool = False
+
+    def __post_init__(self) -> None:
+        if self.latest_only and self.topic not in COMPACTED_TOPICS:
+            raise ValueError(f"latest_only output to {self.topic}, which keeps every record "
+                             f"(latest-value topics: {', '.join(sorted(COMPACTED_TOPICS))})")
 
 
 Handler = Callable[[Envelope, Any], Awaitable[None]]
@@ -339,7 +349,9 @@ class ServiceRuntime:
         self._owners: dict[str, int] = {}  # consumed topic -> the agent that applies it
         self._base_names: dict[str, str] = {}  # consumed topic -> its topics.yaml name
         self.store_interval_s = STORE_INTERVAL_S
-        self.app.timer(max(STORE_INTERVAL_S, 0.1), name="store_idle")(self._store_idle)
+        # checked every second at most: a value on a quiet stream is stored within a second of
+        # falling due, not a whole interval later
+        self.app.timer(min(max(STORE_INTERVAL_S, 0.1), 1.0), name="store_idle")(self._store_idle)
         self.app.on_partitions_revoked.connect(self._on_revoked)
         self.batch_size = int(os.environ.get("QM_BATCH_SIZE", 500))
         # How long a batched agent waits to fill a batch. A backlog fills it at once; at a steady
@@ -781,13 +793,13 @@ class ServiceRuntime:
 
     @staticmethod
     def _hold_latest(batch: _Batch, outputs: Iterable[Output]) -> list[Output]:
-        """Keep a batch's outputs to compacted topics (topics.yaml: latest value per key, e.g.
-        qm.usage) until its end, and send only the last one per key: a reader of such a topic
-        wants the latest value, and the ones before it in the same batch were superseded before
+        """Keep a batch's `latest_only` outputs (a compacted topic's latest value per key, e.g.
+        a namespace's usage) until its end, and send only the last one per key: its readers
+        want the latest value, and the ones before it in the same batch were superseded before
         they were sent. A queue-manager batch changes a namespace's usage many times."""
         now = []
         for output in outputs:
-            if output.topic in COMPACTED_TOPICS:
+            if output.latest_only:
                 batch.latest.pop((output.topic, output.key), None)  # the last one goes last
                 batch.latest[(output.topic, output.key)] = output
             else:

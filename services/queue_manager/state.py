@@ -959,11 +959,11 @@ class _Emitter:
         self.now = now
         self.ctx = ctx
 
-    def add(self, topic: str, key: str, payload: Any, identity: tuple) -> None:
+    def add(self, topic: str, key: str, payload: Any, identity: tuple, *, latest_only: bool = False) -> None:
         envelope = make_envelope(
             payload, producer=PRODUCER, occurred_at=iso(self.now), identity=identity, cause=self.cause
         )
-        self.outputs.append(Output(topic, key, envelope))
+        self.outputs.append(Output(topic, key, envelope, latest_only))
 
     def reserved(self, entry: dict, *, borrowing: bool) -> None:
         self.add(
@@ -1066,4 +1066,5 @@ class _Emitter:
                 UsageSnapshot(namespace=namespace, reserved=reserved, running=running, total=total, as_of=iso(self.now),
                               effective_borrowing_limits=limits),
                 identity=(namespace, self.cause.event_id, digest),
+                latest_only=True,  # a later change in the same batch supersedes it (ADR 0024)
             )

@@ -1,11 +1,12 @@
-"""A batch sends only its last output per key to a compacted topic (ServiceRuntime._hold_latest),
-at the batch's end and before its states are stored; other topics get every output, at once."""
+"""A batch sends only its last `latest_only` output per topic and key (ServiceRuntime._hold_latest),
+at the batch's end and before its states are stored; every other output is sent at once."""
 
 from __future__ import annotations
 
 import asyncio
 
 import orjson
+import pytest
 
 from services.adapters.runtime import COMPACTED_TOPICS, Output
 from services.contracts.codec import make_envelope
@@ -30,10 +31,10 @@ class FakeProducer:
         return done
 
 
-def usage(namespace: str, gpus: int, tag: int) -> Output:
+def usage(namespace: str, gpus: int, tag: int, latest_only: bool = True) -> Output:
     return Output("qm.usage", namespace, make_envelope(
         UsageSnapshot(namespace=namespace, reserved={}, running={}, total={"nvidia.com/gpu": gpus}, as_of=AT),
-        producer="test", occurred_at=AT, identity=(tag,)))
+        producer="test", occurred_at=AT, identity=(tag,)), latest_only)
 
 
 def finished(uid: str) -> Output:
@@ -42,8 +43,10 @@ def finished(uid: str) -> Output:
         producer="test", occurred_at=AT, identity=(uid,)))
 
 
-def test_the_compacted_topics_are_the_ones_topics_yaml_says_keep_the_latest_value():
-    assert {"qm.usage", "qm.budgets", "qm.config"} == COMPACTED_TOPICS
+def test_only_an_output_to_a_topic_that_keeps_the_latest_value_may_be_latest_only():
+    assert {"qm.usage", "qm.budgets", "qm.config"} == COMPACTED_TOPICS  # topics.yaml: compact
+    with pytest.raises(ValueError, match="latest_only output to qm.workloads, which keeps every record"):
+        Output("qm.workloads", "cohort", finished("w0").envelope, latest_only=True)
 
 
 async def test_a_batch_sends_its_last_usage_per_namespace_at_its_end_and_every_other_output_at_once(runtime):  # noqa: F811
@@ -52,8 +55,8 @@ async def test_a_batch_sends_its_last_usage_per_namespace_at_its_end_and_every_o
     cohort = FakeTable("cohort")
     runtime._cursor_tables[runtime.tp.topic] = FakeTable("cursors")
     runtime.store_interval_s = 0.0  # every state is stored when its batch ends
-    said = {0: [usage("ns-a", 1, 0), finished("w0")],
-            1: [usage("ns-b", 5, 1), usage("ns-a", 2, 1), finished("w1")],
+    said = {0: [usage("ns-a", 1, 0), finished("w0"), usage("ns-c", 7, 0, latest_only=False)],
+            1: [usage("ns-b", 5, 1), usage("ns-a", 2, 1), finished("w1"), usage("ns-c", 8, 1, latest_only=False)],
             2: [usage("ns-a", 3, 2)]}
 
     async def handle(event):
@@ -73,8 +76,8 @@ async def test_a_batch_sends_its_last_usage_per_namespace_at_its_end_and_every_o
     await runtime.process(events(runtime, 0, 1, 2), handle, "qm.workloads", defer=True)
 
     assert log == [
-        ("sent", "qm.workloads", "cohort", "w0"), ("handled", 0),
-        ("sent", "qm.workloads", "cohort", "w1"), ("handled", 1),
+        ("sent", "qm.workloads", "cohort", "w0"), ("sent", "qm.usage", "ns-c", {"nvidia.com/gpu": 7}), ("handled", 0),
+        ("sent", "qm.workloads", "cohort", "w1"), ("sent", "qm.usage", "ns-c", {"nvidia.com/gpu": 8}), ("handled", 1),
         ("handled", 2),
         ("sent", "qm.usage", "ns-b", {"nvidia.com/gpu": 5}),  # ns-a's last value goes last
         ("sent", "qm.usage", "ns-a", {"nvidia.com/gpu": 3}),
