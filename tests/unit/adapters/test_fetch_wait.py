@@ -3,7 +3,10 @@ faust's fixed 1,500 ms: a record on a partition left out of the fetch in flight 
 
 from __future__ import annotations
 
+import os
 import uuid
+
+import pytest
 
 from services.adapters.runtime import FETCH_MAX_WAIT_MS, ServiceRuntime
 from services.adapters.settings import Settings
@@ -16,5 +19,9 @@ async def test_the_worker_consumer_asks_the_broker_to_hold_a_fetch_no_longer_tha
     consumer = thread._create_worker_consumer(runtime.app.transport)  # built, not connected
     await consumer.stop()
 
-    assert FETCH_MAX_WAIT_MS == 100
-    assert consumer._fetch_max_wait_ms == FETCH_MAX_WAIT_MS
+    assert consumer._fetch_max_wait_ms == FETCH_MAX_WAIT_MS != 1500
+
+
+@pytest.mark.skipif("QM_FETCH_MAX_WAIT_MS" in os.environ, reason="the suite runs with QM_FETCH_MAX_WAIT_MS set")
+def test_the_default_fetch_wait_is_100_ms():
+    assert FETCH_MAX_WAIT_MS == 100  # ADR 0018: 25 ms cost CPU and gained nothing
