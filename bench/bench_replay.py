@@ -255,8 +255,12 @@ async def run(args: argparse.Namespace) -> dict:
         progress(f"simulator done in {sim_wall:.1f} s; waiting for the services to commit everything", force=True)
         groups = [stack.group(s) for s in SERVICES]
         reads = stack.reads(SERVICES)
+        # Every ledger row is out once qm.workloads is read to the end; the budget fold behind
+        # it (by-cost-center) and the row index (qm.billing) do not change the rows.
+        ledger_only = ("-by-cost-center", "qm.billing")
         drain = await wait_drained(stack.bootstrap, groups, timeout_s=max(30.0, args.timeout - sim_wall),
-                                   progress=progress, stack=stack, reads=reads)  # fmt: skip
+                                   progress=progress, stack=stack, reads=reads, note_without=ledger_only)  # fmt: skip
+        rows_out_at = drain["drained_without_at"]
         wall = time.monotonic() - sim_started
         if spy:
             profiles = spy.stop()
@@ -267,14 +271,12 @@ async def run(args: argparse.Namespace) -> dict:
             # Past the figure of record: let the backlog drain anyway, so the ledger can be reconciled.
             progress(f"not drained within {args.timeout:.0f} s; waiting up to {args.reconcile_wait:.0f} s more "
                      "for the ledger", force=True)  # fmt: skip
-            # Every ledger row is out once qm.workloads is read to the end; the budget fold behind
-            # it (by-cost-center) and the row index (qm.billing) do not change the rows.
             # (a long stall window: one batch of the ledger fold can take a minute to commit)
             drain = await wait_drained(stack.bootstrap, groups, timeout_s=args.reconcile_wait, progress=progress,
-                                       stack=stack, ignore=("-by-cost-center", "qm.billing"), stall_s=120,
-                                       reads=reads)  # fmt: skip
-        # when every ledger row was out (the whole stack drained, if that came within the timeout)
-        rows_out_after = time.monotonic() - sim_started if drain["drained"] else None
+                                       stack=stack, ignore=ledger_only, stall_s=120, reads=reads)  # fmt: skip
+        # when every ledger row was out: noted while waiting, else when the whole stack drained
+        rows_out_at = rows_out_at or (time.monotonic() if drain["drained"] else None)
+        rows_out_after = rows_out_at - sim_started if rows_out_at else None
         exited = stack.exited()  # (read before the stack is stopped: then every service has exited)
         progress(f"{'drained' if drained else 'NOT drained'} after {wall:.1f} s"
                  f"{f' (every ledger row out after {rows_out_after:.0f} s)' if rows_out_after and not drained else ''}; "

@@ -382,35 +382,46 @@ async def _nothing_to_read(bootstrap: str, lags: dict[str, Any], reads: dict[str
 
 async def wait_drained(bootstrap: str, groups: list[str], timeout_s: float, progress: Progress | None = None,
                        poll_s: float = 2.0, stall_s: float = 30.0, stack: BenchStack | None = None,
-                       ignore: tuple[str, ...] = (), reads: dict[str, list[str]] | None = None) -> dict[str, Any]:
+                       ignore: tuple[str, ...] = (), reads: dict[str, list[str]] | None = None,
+                       note_without: tuple[str, ...] = ()) -> dict[str, Any]:
     """Wait until every group has committed everything it reads (twice in a row: faust commits
     every few seconds), or until what is left has not moved for ``stall_s`` (a stalled agent:
     waiting longer would not help), a service of ``stack`` exiting, or the timeout. Topics
     ending with one of ``ignore`` do not count. ``reads``: group -> the topics it reads, so a
     group that has committed nothing because they are empty counts as drained. Returns
-    drained, stalled topics, last lags (and ``exited`` services)."""
+    drained, stalled topics, last lags (and ``exited`` services), and ``drained_without_at``:
+    the ``time.monotonic()`` at which everything but the topics ending with one of
+    ``note_without`` was committed by the same rule (None: not yet, or not asked)."""
     deadline = time.monotonic() + timeout_s
     calm, last, since = 0, None, time.monotonic()
+    calm_without, drained_without_at = 0, None
     lags: dict[str, Any] = {}
+
+    def result(**figures: Any) -> dict[str, Any]:
+        return {**figures, "drained_without_at": drained_without_at}
+
     while time.monotonic() < deadline:
         if stack is not None and stack.exited():
-            return {"drained": False, "stalled": {}, "lags": await group_lag(bootstrap, groups),
-                    "exited": stack.exited()}
+            return result(drained=False, stalled={}, lags=await group_lag(bootstrap, groups), exited=stack.exited())
         lags = await _nothing_to_read(bootstrap, await group_lag(bootstrap, groups), reads or {})
         left = {f"{g} {t}": n for g, per in lags.items()
                 for t, n in (per if per is not None else {"(nothing committed)": -1}).items()
                 if n and not t.endswith(ignore)}
         calm = calm + 1 if not left else 0
+        if note_without and drained_without_at is None:
+            calm_without = calm_without + 1 if not any(not k.endswith(note_without) for k in left) else 0
+            if calm_without >= 2:
+                drained_without_at = time.monotonic()
         if calm >= 2:
-            return {"drained": True, "stalled": {}, "lags": lags}
+            return result(drained=True, stalled={}, lags=lags)
         if left != last:
             last, since = left, time.monotonic()
         elif time.monotonic() - since >= stall_s:
-            return {"drained": False, "stalled": left, "lags": lags}
+            return result(drained=False, stalled=left, lags=lags)
         if progress:
             progress(f"draining: not yet committed {left}")
         await asyncio.sleep(poll_s)
-    return {"drained": False, "stalled": {}, "lags": lags, "timed_out": True}
+    return result(drained=False, stalled={}, lags=lags, timed_out=True)
 
 
 def scale_arg(text: str) -> float:
