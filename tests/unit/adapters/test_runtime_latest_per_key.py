@@ -11,7 +11,7 @@ import pytest
 from services.adapters.runtime import COMPACTED_TOPICS, Output
 from services.contracts.codec import make_envelope
 from services.contracts.events import UsageSnapshot, WorkloadFinished
-from tests.unit.adapters.test_runtime_cursors import FakeTable, apply_each, events, runtime  # noqa: F401
+from tests.unit.adapters.test_runtime_cursors import FakeTable, events, runtime  # noqa: F401 (runtime: a fixture)
 
 AT = "2026-11-29T10:00:00Z"
 
