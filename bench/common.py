@@ -365,7 +365,7 @@ async def topic_end_offsets(bootstrap: str, topics: list[str]) -> dict[str, int]
 # service reads only qm.preemption, and a replay without preemption writes none).
 SERVICE_INPUTS = {
     "admission": ("qm.cluster",),
-    "queue-manager": ("qm.workloads", "qm.clock", "qm.preemption"),
+    "queue-manager": ("qm.workloads", "qm.clock"),
     "preemption": ("qm.preemption",),
     "cost-accounting": ("qm.workloads", "qm.billing"),
 }

@@ -2,7 +2,8 @@
 
 Wiring only; the decisions are in fold.apply (Kueue's preemption in the quota core, over
 allowed candidates only, filtered by the PreemptionPolicy in services/core/preemption_policy).
-    qm.preemption (keyed by cohort) PreemptionNeeded -> VictimsSelected (same topic) + Evict (qm.actions)
+    qm.preemption (keyed by cohort) PreemptionNeeded -> VictimsSelected (same topic, and the cohort's
+                                    stream on qm.workloads: ADR 0025) + Evict (qm.actions)
 One batched agent, the only writer of the victim-history table (keyed by cohort). The request
 carries each possible victim's reservation and start (ADR 0020), so the service does not read
 the lifecycle on qm.workloads: that was three quarters of its CPU (ADR 0021).

@@ -12,8 +12,9 @@ else the decision needs comes with the request: each possible victim's priority,
 reservation and start (ADR 0020, 0021).
 
 A PreemptionNeeded is answered with one `preemption.victims_selected.v1` (victims, or a
-blocked message naming the policy that protects the workload Kueue would have preempted) and
-one `action.evict.v1` per victim on qm.actions, with the victim's grace period.
+blocked message naming the policy that protects the workload Kueue would have preempted),
+written to qm.preemption and to the cohort's stream on qm.workloads (ADR 0025), and one
+`action.evict.v1` per victim on qm.actions, with the victim's grace period.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ from services.core.quota import Workload as CoreWorkload
 from services.core.quota.flavors import AssignmentMode
 
 PRODUCER = "preemption"
+#: Where an answer goes: the requests' topic (the trail) and the cohort's stream, which the
+#: queue-manager folds. Both keyed by cohort; one event, one id, on both (ADR 0025).
+ANSWER_TOPICS = ("qm.preemption", "qm.workloads")
 FORGET_EVERY_S = 60.0  # event time between walks that drop history past the horizon
 
 
@@ -259,19 +263,15 @@ def _outputs(cause: Envelope, payload: PreemptionNeeded, answer: Answer, now: fl
         }
         for a, reason in answer.victims
     ]
-    outputs = [
-        Output(
-            "qm.preemption",
-            payload.cohort,
-            make_envelope(
-                PreemptionVictimsSelected(
-                    preemptor_uid=p["uid"], cohort=payload.cohort, victims=victims,
-                    blocked_message=answer.blocked_message,
-                ),
-                producer=PRODUCER, occurred_at=at, identity=(cause.event_id,), cause=cause,
-            ),
-        )
-    ]
+    answer_envelope = make_envelope(
+        PreemptionVictimsSelected(
+            preemptor_uid=p["uid"], cohort=payload.cohort, victims=victims, blocked_message=answer.blocked_message,
+        ),
+        producer=PRODUCER, occurred_at=at, identity=(cause.event_id,), cause=cause,
+    )
+    # The same answer (same event id) on the request's topic, for the trail, and on the
+    # cohort's own stream, where the queue-manager folds it (ADR 0025).
+    outputs = [Output(topic, payload.cohort, answer_envelope) for topic in ANSWER_TOPICS]
     for a, reason in answer.victims:
         v = a.candidate
         outputs.append(

@@ -3,9 +3,9 @@
 Wiring only; the decisions are in state.apply (a pure fold over the quota core).
     qm.workloads (keyed by cohort)  -> fold per cohort -> QuotaReserved, Pending, Released, ...
                                        (pod and node facts from qm.cluster arrive on it already,
-                                       re-keyed by admission: ADR 0023)
+                                       re-keyed by admission: ADR 0023; the preemption
+                                       service writes its answers onto it: ADR 0025)
     qm.clock     (one partition)    -> one tick per cohort onto qm.workloads
-    qm.preemption (keyed by cohort) -> VictimsSelected joins the cohort's stream on qm.workloads
     QuotaRules configured: qm.usage + node capacity (read whole) -> cluster.signals.v1 per ruled
     cohort at each tick, so the fold chooses effective borrowingLimits from facts on its stream
 """
@@ -31,7 +31,6 @@ from services.contracts.events import (
     ClockTick,
     ClusterSignals,
     ConfigSnapshot,
-    PreemptionVictimsSelected,
 )
 from services.contracts.schemas import topic_specs
 from services.core.quota import ConfigError, load_objects
@@ -169,15 +168,6 @@ async def on_clock_tick(envelope: Envelope, event) -> None:
     await runtime.publish(outputs)
 
 
-async def on_preemption_event(envelope: Envelope, event) -> None:
-    """The preemption service's answers join the cohort's own stream, so the fold sees them in order."""
-    if not isinstance(envelope.payload, PreemptionVictimsSelected):
-        return
-    out = make_envelope(envelope.payload, producer=fold.PRODUCER, occurred_at=envelope.occurred_at,
-                        identity=(envelope.event_id, "rekeyed"), cause=envelope)
-    await runtime.publish([Output("qm.workloads", envelope.payload.cohort, out)])
-
-
 def apply_config(payload) -> None:
     """A new active set from qm.config: queues and quotas switch for the next decision."""
     global config, context
@@ -215,9 +205,6 @@ async def follow_live_state() -> None:
 
 
 runtime.consume("qm.workloads", on_workload_event, batched=True, reads=fold.FOLDED)  # the cohort table's only writer
-# The re-keying agent writes no table but its cursors: batched, so a batch's forwarded records
-# are acknowledged together (one at a time, a forwarder waits a broker round trip per record).
-runtime.consume("qm.preemption", on_preemption_event, batched=True, reads=[PreemptionVictimsSelected])
 runtime.consume("qm.clock", on_clock_tick)
 
 

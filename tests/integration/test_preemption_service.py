@@ -77,6 +77,10 @@ async def test_inference_evicts_only_batch_and_a_training_only_arrival_stays_blo
     evictions = await events_on(kafka_bootstrap, topic_prefix + "qm.actions", "action.evict.v1")
     assert sorted((e.payload.name, e.payload.grace_period_s) for e in evictions) == [("b2", 120), ("b3", 120)]
     assert all(e.payload.reason.startswith("Preempted by serving-team/chat (InClusterQueue") for e in evictions)
+    # Each answer is on the cohort's stream too, under the cohort key and its own event id (ADR 0025).
+    on_stream = [(record.key.decode(), e.event_id)
+                 async for record, e in read_envelopes(kafka_bootstrap, topic_prefix + "qm.workloads")]
+    assert on_stream == [(COHORT, a.event_id) for a in both]
     blocked = both[1].payload
     assert blocked.preemptor_uid == "uid-chat-2" and blocked.victims == []
     assert blocked.blocked_message.startswith("would need to preempt training job ml-team/llm-ft, which is not "

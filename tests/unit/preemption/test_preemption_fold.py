@@ -88,7 +88,16 @@ def test_blocked_when_only_a_training_victim_would_do():
     assert selected.victims == []
     assert selected.blocked_message.startswith(
         "would need to preempt training job ml-team/llm-ft, which is not preemptible")
-    assert [o.topic for o in outputs] == ["qm.preemption"]
+    assert [o.topic for o in outputs] == ["qm.preemption", "qm.workloads"]  # no eviction, the answer only
+
+
+def test_the_answer_joins_the_cohorts_stream_with_the_same_id_as_on_the_request_topic():
+    """The queue-manager folds the answer from qm.workloads, where the preemption service puts
+    it itself (ADR 0025): one event, one id, keyed by cohort on both topics."""
+    _, outputs = apply(None, needed("serving-team", "chat", "inference", 8, 1000, FULL), CTX)
+    answers = [o for o in outputs if o.envelope.event_type == "preemption.victims_selected.v1"]
+    assert [(o.topic, o.key) for o in answers] == [("qm.preemption", COHORT), ("qm.workloads", COHORT)]
+    assert answers[0].envelope is answers[1].envelope
 
 
 def test_same_request_twice_counts_once_and_answers_with_the_same_id():
