@@ -831,20 +831,31 @@ class ServiceRuntime:
         can never leave a stored state whose outputs were lost: either the state (and the
         seen id) was written after its outputs, or the event is redelivered and recomputed,
         and its outputs carry the same deterministic ids for downstream dedupe.
-        Returns False for a duplicate."""
+        Returns False for a duplicate. Only apply_once may stage values of `table` in a batch
+        (it grows a staged value's seen list in place)."""
         batch = _current_batch.get()
-        entry = self.entry(table, key)
+        staged = batch.staged(table, key) if batch is not None else None
+        entry = staged or table.get(key) or {"state": None, "seen": []}
         seen_ids = self._seen_ids(table, key, entry["seen"])
         if envelope.event_id in seen_ids:
             DUPLICATES_SKIPPED.labels(self.settings.service, table.name).inc()
             return False
         state, outputs = fold(entry["state"], envelope)
         await self.publish(outputs)
-        seen = entry["seen"][-(SEEN_WINDOW - 1) :]
-        seen.append(envelope.event_id)
+        if staged is not None:
+            # The list is this batch's own copy (made at the key's first event of the batch),
+            # so it grows in place: copying up to SEEN_WINDOW ids for every event was 2.7% of
+            # the queue-manager's CPU in kueue-large-scale.
+            seen = entry["seen"]
+            seen.append(envelope.event_id)
+            dropped = seen[: max(0, len(seen) - SEEN_WINDOW)]
+            del seen[: len(dropped)]
+        else:  # the stored list stays as it is until this batch's value is stored
+            seen = entry["seen"][-(SEEN_WINDOW - 1) :]
+            seen.append(envelope.event_id)
+            dropped = entry["seen"][: len(entry["seen"]) - len(seen) + 1]
         self._seen_index[(id(table), key)] = (seen, seen_ids)
-        for dropped in entry["seen"][: len(entry["seen"]) - len(seen) + 1]:
-            seen_ids.discard(dropped)
+        seen_ids.difference_update(dropped)
         seen_ids.add(envelope.event_id)
         new_entry = {"state": state, "seen": seen}
         if batch is not None:
