@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from services.adapters.runtime import FETCH_MAX_WAIT_MS, ServiceRuntime
+from services.adapters.runtime import FETCH_MAX_WAIT_MS, FETCH_MIN_BYTES, ServiceRuntime
 from services.adapters.settings import Settings
 
 
@@ -20,8 +20,14 @@ async def test_the_worker_consumer_asks_the_broker_to_hold_a_fetch_no_longer_tha
     await consumer.stop()
 
     assert consumer._fetch_max_wait_ms == FETCH_MAX_WAIT_MS != 1500
+    assert consumer._fetch_min_bytes == FETCH_MIN_BYTES
 
 
 @pytest.mark.skipif("QM_FETCH_MAX_WAIT_MS" in os.environ, reason="the suite runs with QM_FETCH_MAX_WAIT_MS set")
 def test_the_default_fetch_wait_is_100_ms():
     assert FETCH_MAX_WAIT_MS == 100  # ADR 0018: 25 ms cost CPU and gained nothing
+
+
+@pytest.mark.skipif("QM_FETCH_MIN_BYTES" in os.environ, reason="the suite runs with QM_FETCH_MIN_BYTES set")
+def test_by_default_the_broker_answers_a_fetch_as_soon_as_anything_is_there():
+    assert FETCH_MIN_BYTES == 1  # lowest latency; raising it trades latency for CPU (ADR 0018 addendum)
