@@ -7,7 +7,7 @@ import yaml
 
 from services.adapters.kueue_config import KueueConfig
 from services.contracts.codec import make_envelope
-from services.contracts.events import PreemptionVictimsSelected, WorkloadFinished, WorkloadValidated
+from services.contracts.events import DrainDue, PreemptionVictimsSelected, WorkloadFinished, WorkloadValidated
 from services.queue_manager.state import Context, apply
 
 AT = "2026-11-29T10:00:00Z"
@@ -252,3 +252,26 @@ def test_a_workload_behind_a_preempting_head_keeps_its_last_pending_message(tmp_
     assert [o for o in out if o.envelope.event_type == "workload.pending.v1"
             and o.envelope.payload.name == "waiter"] == []
     assert state["said"]["uid-waiter"].startswith("WaitingForQuota|")
+
+
+def test_a_question_is_identified_by_the_admitted_sets_revision_not_its_members(tmp_path):
+    """ADR 0020 addendum: the same admitted members at a later revision (a set that came back
+    to an earlier membership) ask anew under a new id; the preemption service would skip a
+    repeated id as a duplicate and never answer. A replay (same revision) keeps the id."""
+    ctx = config(tmp_path)
+    state, outputs = run(ctx, [validated("train", 16, 0, "training"), validated("batch-a", 8, 0, "batch"),
+                               validated("batch-b", 8, 0, "batch"), validated("chat", 8, 1000, "inference")])
+    (first,) = [o.envelope for o in outputs if o.envelope.event_type == "preemption.needed.v1"]
+    replayed, _ = run(ctx, [validated("train", 16, 0, "training"), validated("batch-a", 8, 0, "batch"),
+                            validated("batch-b", 8, 0, "batch")])
+    _, again = run(ctx, [validated("chat", 8, 1000, "inference")], replayed)
+    assert [o.envelope.event_id for o in again if o.envelope.event_type == "preemption.needed.v1"] == [first.event_id]
+
+    # the same members two changes later (one admitted and released meanwhile), and a drain
+    later = {**state, "rev": state["rev"] + 2, "said": {}, "asking": {}, "draining": True, "due": state["now"]}
+    drain_due = make_envelope(DrainDue(cohort="gpu-queue", since=AT), producer="queue-manager", occurred_at=AT)
+    _, asked = run(ctx, [drain_due], later)
+    (second,) = [o.envelope for o in asked if o.envelope.event_type == "preemption.needed.v1"]
+    assert second.payload.preemptor["uid"] == "uid-chat"
+    assert {a["uid"] for a in second.payload.snapshot["admitted"]} == {a["uid"] for a in first.payload.snapshot["admitted"]}
+    assert second.event_id != first.event_id
