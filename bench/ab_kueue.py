@@ -1,0 +1,139 @@
+"""Interleaved A/B runs of a Kueue scenario: two or more sides, one after the other, rep by rep.
+
+This machine's speed moves from day to day and within a run (stop 21's code took 98-99 s for
+kueue-baseline one day and 88-89 s a day later), so a change is judged only against runs of the
+other side made in the same session, alternating. A side is a checkout of the repository
+(another commit: `git worktree add /tmp/before <commit>` and `ln -s $PWD/.venv /tmp/before/.venv`)
+and environment variables (a knob), or both.
+
+Examples:
+  ab_kueue.py --scenario baseline --scale 0.2 --reps 2 --side before:/tmp/before --side after:.
+  ab_kueue.py --scenario large-scale --side default:. --side min16k:.:QM_FETCH_MIN_BYTES=16384
+
+Each run's JSON is kept as bench/results/ab/<scenario>-<side>-<rep>.json; the table of every
+run (wall, CPU per process, evictions, minimum usage, mean time to admission) is printed at
+the end, and a line per run as it ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import RESULTS, scale_arg  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Side:
+    label: str
+    tree: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def side_arg(text: str) -> Side:
+    """LABEL:TREE[:VAR=VALUE,VAR=VALUE]"""
+    label, _, rest = text.partition(":")
+    tree, _, env_text = rest.partition(":")
+    if not label or not tree:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected LABEL:TREE[:VAR=VALUE,...], e.g. after:.")
+    env = {}
+    for pair in filter(None, env_text.split(",")):
+        name, eq, value = pair.partition("=")
+        if not eq or not name:
+            raise argparse.ArgumentTypeError(f"{text!r}: {pair!r} is not VAR=VALUE")
+        env[name] = value
+    path = Path(tree).resolve()
+    if not (path / "bench" / "bench_kueue.py").exists():
+        raise argparse.ArgumentTypeError(f"{text!r}: {path} has no bench/bench_kueue.py (a checkout of this repository?)")
+    if not (path / ".venv" / "bin" / "python").exists():
+        raise argparse.ArgumentTypeError(f"{text!r}: {path}/.venv/bin/python is missing; link this checkout's: "
+                                         f"ln -s {REPO / '.venv'} {path / '.venv'}")
+    return Side(label, path, env)
+
+
+def run_once(side: Side, scenario: str, scale: float, log: Path) -> dict:
+    """One bench_kueue.py run in the side's checkout; its result JSON."""
+    result = side.tree / "bench" / "results" / f"kueue-{scenario}.json"
+    result.unlink(missing_ok=True)  # a failed run must not report the previous one's figures
+    with log.open("wb") as out:
+        subprocess.run([str(side.tree / ".venv" / "bin" / "python"), "bench/bench_kueue.py", "--scenario", scenario,
+                        "--scale", str(scale)], cwd=side.tree, env={**os.environ, **side.env}, stdout=out,
+                       stderr=subprocess.STDOUT, check=False)  # fmt: skip
+    if not result.exists():
+        raise SystemExit(f"{side.label}: the run wrote no result; see {log}")
+    return json.loads(result.read_text())
+
+
+def figures(report: dict) -> dict:
+    cpu = report.get("cpu_seconds", {})
+    services = sum(v for k, v in cpu.items() if v is not None and not k.startswith(("bench", "broker")))
+    tta = {k: v.get("mean_s") for k, v in (report.get("time_to_admission") or {}).items()}
+    return {
+        "wall_s": report.get("wall_s"), "complete": report.get("complete"), "services_cpu_s": round(services, 1),
+        "cpu_s": cpu, "evictions": report.get("evictions"), "usage_min_pct": report.get("usage_min_pct"),
+        "time_to_admission_s": tta,
+    }
+
+
+def table(rows: list[tuple[str, int, dict]]) -> None:
+    processes = sorted({k for _, _, f in rows for k in f["cpu_s"]})
+    classes = sorted({k for _, _, f in rows for k in f["time_to_admission_s"]})
+    print("| side | rep | wall s | services' CPU s | " + " | ".join(f"CPU {p}" for p in processes)
+          + " | evictions | min usage % | " + " | ".join(f"{c} → admitted s" for c in classes) + " |")
+    print("|" + "---|" * (6 + len(processes) + len(classes)))
+    for label, rep, f in rows:
+        wall = f"{f['wall_s']}" + ("" if f["complete"] else " (incomplete)")
+        print(f"| {label} | {rep} | {wall} | {f['services_cpu_s']} | "
+              + " | ".join(str(f["cpu_s"].get(p, "—")) for p in processes)
+              + f" | {f['evictions']} | {f['usage_min_pct']} | "
+              + " | ".join(_round(f["time_to_admission_s"].get(c)) for c in classes) + " |")
+
+
+def _round(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f}"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--scenario", choices=["baseline", "large-scale"], default="baseline")
+    p.add_argument("--scale", type=scale_arg, default=1.0, help="as bench_kueue.py's --scale (default 1)")
+    p.add_argument("--reps", type=int, default=1, help="runs of each side (default 1)")
+    p.add_argument("--side", type=side_arg, action="append", required=True,
+                   help="LABEL:TREE[:VAR=VALUE,...]; give two or more, in the order they run each rep")
+    args = p.parse_args()
+    if len(args.side) < 2:
+        p.error("give at least two --side")
+    if len({s.label for s in args.side}) != len(args.side):
+        p.error("the sides' labels must differ")
+    out_dir = RESULTS / "ab"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for rep in range(1, args.reps + 1):
+        for side in args.side:
+            name = f"{args.scenario}-{side.label}-{rep}"
+            knobs = " ".join(f"{k}={v}" for k, v in side.env.items())
+            print(f"[ab] {name}: running in {side.tree}{' with ' + knobs if knobs else ''}", file=sys.stderr, flush=True)
+            started = time.monotonic()
+            report = run_once(side, args.scenario, args.scale, out_dir / f"{name}.log")
+            (out_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+            f = figures(report)
+            rows.append((side.label, rep, f))
+            print(f"[ab] {name}: wall {f['wall_s']} s, services' CPU {f['services_cpu_s']} s, evictions "
+                  f"{f['evictions']} ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+    table(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
