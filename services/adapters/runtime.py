@@ -844,7 +844,7 @@ class ServiceRuntime:
         (it grows a staged value's seen list in place)."""
         batch = _current_batch.get()
         staged = batch.staged(table, key) if batch is not None else None
-        entry = staged or table.get(key) or {"state": None, "seen": []}
+        entry = staged or self.entry(table, key)
         seen_ids = self._seen_ids(table, key, entry["seen"])
         if envelope.event_id in seen_ids:
             DUPLICATES_SKIPPED.labels(self.settings.service, table.name).inc()
