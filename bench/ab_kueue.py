@@ -30,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import RESULTS, scale_arg  # noqa: E402
 
+from services.demo.stack import SERVICES  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -76,7 +78,7 @@ def run_once(side: Side, scenario: str, scale: float, log: Path) -> dict:
 
 def figures(report: dict) -> dict:
     cpu = report.get("cpu_seconds", {})
-    services = sum(v for k, v in cpu.items() if v is not None and not k.startswith(("bench", "broker")))
+    services = sum(cpu.get(name) or 0 for name in SERVICES)
     tta = {k: v.get("mean_s") for k, v in (report.get("time_to_admission") or {}).items()}
     return {
         "wall_s": report.get("wall_s"), "complete": report.get("complete"), "services_cpu_s": round(services, 1),
