@@ -367,6 +367,8 @@ class ServiceRuntime:
         # 500 events/s the wait is most of an event's latency (bench-queue p50 24 -> 10 ms, p99
         # 129 -> 84 ms going from 20 to 5 ms, throughput unchanged).
         self.batch_within_s = float(os.environ.get("QM_BATCH_WITHIN_S", 0.005))
+        # More conditions for /readyz, by name (shown in its answer): a service's other consumers.
+        self.ready_checks: dict[str, Callable[[], bool]] = {}
         self._register_pages()
         self.app.task(self._on_started)
 
@@ -904,9 +906,10 @@ class ServiceRuntime:
             # Joined its consumer group at least once: before that nothing is consumed, and on a
             # fresh broker the first join waits for the group coordinator to load.
             joined = app.consumer_generation_id > 0
-            ready = joined and not app.rebalancing and not recovering
+            also = {name: bool(check()) for name, check in self.ready_checks.items()}
+            ready = joined and not app.rebalancing and not recovering and all(also.values())
             return web.json(
-                {"ready": ready, "joined": joined, "rebalancing": app.rebalancing, "recovering": recovering},
+                {"ready": ready, "joined": joined, "rebalancing": app.rebalancing, "recovering": recovering, **also},
                 status=200 if ready else 503,
             )
 
