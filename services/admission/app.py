@@ -5,7 +5,8 @@
                       workload.rejected.v1 with every violated rule, or
                       workload.pending.v1 (Inadmissible) when the LocalQueue does not exist.
     qm.cluster (pod running / finished, workload finished, node capacity) -> re-keyed by
-        cohort onto qm.workloads (cohort_stream; ADR 0023), in the workload's own order.
+        cohort onto qm.workloads (cohort_stream; ADR 0023) by the fact lane, a consumer group of
+        its own, so that facts do not wait behind a burst of submissions (fact_lane; ADR 0026).
     QM_WEBHOOK_PORT set -> the same evaluator also serves /validate and /mutate (HTTPS when
     QM_WEBHOOK_CERT and QM_WEBHOOK_KEY are given).
 Policies load from QM_POLICY_DIR at start; a new set published on qm.config (`qm config publish`)
@@ -27,7 +28,8 @@ from services.adapters.live_replica import LiveReplica
 from services.adapters.runtime import Output, ServiceRuntime
 from services.adapters.settings import Settings
 from services.admission import translate
-from services.admission.cohort_stream import FORWARDED, UnknownQueue, cohort_stream_outputs
+from services.admission.cohort_stream import cohort_stream_outputs
+from services.admission.fact_lane import FactLane, run_forever
 from services.contracts.codec import Envelope, make_envelope
 from services.contracts.events import ConfigSnapshot, WorkloadSubmitted
 from services.core.quota import ConfigError
@@ -82,24 +84,29 @@ def decide(submitted: WorkloadSubmitted, cause: Envelope) -> list[Output]:
     return [out(translate.validated(submitted, cluster_queue, cohort, decision.warnings), key)]
 
 
-async def on_cluster_event(envelope: Envelope, event) -> None:
-    if isinstance(envelope.payload, WorkloadSubmitted):
-        await replica.caught_up.wait()  # never judge against an empty replica
-        await runtime.publish(decide(envelope.payload, envelope))
-        return
-    try:
-        outputs = cohort_stream_outputs(envelope, config)
-    except UnknownQueue as error:
-        runtime.log.warning("lifecycle event for a workload in no known queue; not forwarded",
-                            event_id=envelope.event_id, detail=str(error))
-        return
-    await runtime.publish(outputs)
+async def on_submitted(envelope: Envelope, event) -> None:
+    await replica.caught_up.wait()  # never judge against an empty replica
+    await runtime.publish(decide(envelope.payload, envelope))
 
 
 # Batched: a batch's decisions are sent together and their acknowledgements awaited once, at its
 # end. One at a time, each submission waited for its decision's broker round trip and the agent
 # spent ~75% of the baseline bench's submission burst waiting (p50 submitted -> validated 7 s).
-runtime.consume("qm.cluster", on_cluster_event, batched=True, reads=[WorkloadSubmitted, *FORWARDED])
+# It reads only submissions (and dead-letters what nobody can read); the fact lane the rest.
+runtime.consume("qm.cluster", on_submitted, batched=True, reads=[WorkloadSubmitted])
+fact_lane = FactLane(
+    settings.kafka_bootstrap, settings.topic("qm.cluster"), f"{settings.app_id}-facts",
+    route=lambda envelope: cohort_stream_outputs(envelope, config), send=runtime.publish,
+    takeover_group=os.environ.get("QM_FACT_LANE_TAKEOVER_GROUP") or None,
+)
+
+
+runtime.ready_checks["factLaneJoined"] = fact_lane.joined.is_set
+
+
+@runtime.app.task
+async def forward_facts() -> None:
+    await run_forever(fact_lane)
 
 
 @runtime.app.task

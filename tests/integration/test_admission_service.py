@@ -153,15 +153,59 @@ async def test_a_workloads_pod_facts_follow_its_verdict_onto_its_cohorts_stream(
         stream = await on_stream()
     finally:
         worker.stop()
-    assert [(key, e.event_type) for key, e in stream if e.event_type != "node.capacity.v1"] == [
-        (b"gpu-queue", "workload.validated.v1"),
+    # the facts in their own order; the verdict comes from the other lane (ADR 0026): a pod runs
+    # only after its workload's verdict, so in a cluster the verdict is there first anyway
+    assert [(key, e.event_type) for key, e in stream if e.event_type not in ("node.capacity.v1",
+                                                                               "workload.validated.v1")] == [
         (b"gpu-queue", "pod.running.v1"),
         (b"gpu-queue", "workload.running.v1"),
         (b"gpu-queue", "pod.finished.v1"),
         (b"gpu-queue", "workload.finished.v1"),
     ]
+    assert [(key, e.payload.name) for key, e in stream if e.event_type == "workload.validated.v1"] == [
+        (b"gpu-queue", "train")]
     assert [(key, e.payload.node) for key, e in stream if e.event_type == "node.capacity.v1"] == [
         (b"gpu-queue", "a100-0")]
     assert all(e.producer == "admission" for _, e in stream)
     assert "pod-stray" not in str([e.payload for _, e in stream])
     assert "no known queue" in worker.log()
+
+
+async def test_pod_facts_do_not_wait_behind_a_burst_of_submissions(kafka_bootstrap, topic_prefix, tmp_path):
+    """ADR 0026: a pod fact that reaches qm.cluster behind a burst of submissions is on the
+    cohort's stream before the burst's last verdict. In one agent it came after all of them, and
+    in kueue-large-scale the queue-manager learnt of finishes 8-13 s late."""
+    env = {"QM_TOPIC_PREFIX": topic_prefix, "QM_APP_ID_SUFFIX": f"-{uuid.uuid4().hex[:8]}", "QM_STORE": "memory://",
+           "QM_DATA_DIR": str(tmp_path), "QM_CONFIG_DIR": str(REPO / "examples" / "seed"),
+           "QM_POLICY_DIR": str(REPO / "policies" / "library")}
+    async with Publisher(kafka_bootstrap, topic_prefix) as bus:
+        ns = NamespaceLabels(namespace="ml-team", labels={"quartermaster.dev/cost-center": "cc-ml"})
+        await bus.publish("qm.cluster", "ml-team", make_envelope(ns, producer="test", occurred_at=AT))
+        await bus.flush()
+    worker = start_worker("services.admission", env, tmp_path / "admission.log")
+    burst = 1500
+    pod = PodRunning(uid="pod-early", workload_uid="uid-early", namespace="ml-team", name="early-0",
+                     queue_name="team-ml", workload_name="early", started_at=AT)
+    try:
+        worker.wait_ready()
+        async with Publisher(kafka_bootstrap, topic_prefix) as bus:  # one key: one qm.cluster partition
+            for n in range(burst):
+                await bus.publish("qm.cluster", "one-partition", submitted(f"burst-{n}", 1))
+            await bus.publish("qm.cluster", "one-partition", make_envelope(pod, producer="test", occurred_at=AT))
+            await bus.flush()
+
+        async def on_stream():
+            return [(r.offset, e) async for r, e in read_envelopes(kafka_bootstrap, topic_prefix + "qm.workloads")
+                    if not isinstance(e, Exception)]
+
+        async def everything():
+            return len(await on_stream()) >= burst + 2  # the verdicts, pod.running and workload.running
+
+        await wait_for(everything, 120, "every verdict and the forwarded pod fact")
+        stream = await on_stream()
+    finally:
+        worker.stop()
+    verdicts_at = [offset for offset, e in stream if e.event_type == "workload.validated.v1"]
+    fact_at = [offset for offset, e in stream if e.event_type == "pod.running.v1"]
+    assert len(verdicts_at) == burst and len(fact_at) == 1
+    assert fact_at[0] < max(verdicts_at), "the pod fact waited for every submission before it"

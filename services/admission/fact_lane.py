@@ -1,0 +1,162 @@
+"""Admission's fact lane: lifecycle facts onto the cohort's stream without queueing behind the
+submissions (ADR 0026).
+
+Admission reads `qm.cluster` twice, in two consumer groups:
+* its faust agent (group `qm-admission`) judges submissions, one policy evaluation each;
+* this lane (group `qm-admission-facts`) forwards pod running / finished, workload finished and
+  node capacity (cohort_stream, ADR 0023) and passes over everything else.
+
+In one agent, a burst of submissions held every pod fact behind it: in kueue-large-scale the
+queue-manager learnt of finishes 8-13 s late, preempted workloads that had already finished
+and requeued them. A fact can only concern a workload that admission has judged already (its
+pod runs after the queue-manager admitted it), so the two lanes need no order between them.
+
+At-least-once: a partition's offset is committed once the facts forwarded from it are
+acknowledged; a fact forwarded twice (a restart, a rebalance) keeps its event id, and the
+readers of qm.workloads skip the second copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import CommitFailedError, KafkaError
+from aiokafka.structs import OffsetAndMetadata
+
+from services.adapters.bus import read_envelope
+from services.adapters.runtime import Output
+from services.admission.cohort_stream import FORWARDED, UnknownQueue
+from services.contracts.codec import ContractError, Envelope
+
+log = logging.getLogger("qm.admission.facts")
+
+WANTED = frozenset(record.EVENT_TYPE for record in FORWARDED)
+MAX_RECORDS = 1000  # per round: a round's facts are acknowledged together before its commit
+
+
+class FactLane:
+    """Reads `topic` in consumer group `group`, sends `route(envelope)` for every forwarded fact
+    through `send`, and commits what it has forwarded. A partition it has never committed starts
+    at the beginning, or, with `takeover_group`, where that group's commit is: for an upgrade
+    from a version whose faust agent forwarded the facts (QM_FACT_LANE_TAKEOVER_GROUP=qm-admission,
+    set for the first start only), so the topic's history is not forwarded again. Not by
+    default: the new agent commits in that group too, and facts below its commit would be
+    skipped."""
+
+    def __init__(self, bootstrap: str, topic: str, group: str, route: Callable[[Envelope], list[Output]],
+                 send: Callable[[list[Output]], Awaitable[None]], *, takeover_group: str | None = None,
+                 fetch_max_wait_ms: int = 100) -> None:
+        self.bootstrap, self.topic, self.group, self.takeover_group = bootstrap, topic, group, takeover_group
+        self.route, self.send = route, send
+        self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.joined = asyncio.Event()  # set at its first partition assignment (admission's /readyz waits)
+        self.forwarded = 0  # facts sent
+        self.unroutable = 0  # facts about workloads in no configured queue (logged, not sent)
+
+    async def run(self) -> None:
+        await self._seed_from_takeover_group()
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap, group_id=self.group, enable_auto_commit=False,
+            auto_offset_reset="earliest", fetch_max_wait_ms=self.fetch_max_wait_ms,
+        )
+        await consumer.start()
+        consumer.subscribe([self.topic], listener=_Joined(self.joined))
+        try:
+            while True:
+                batch = await consumer.getmany(timeout_ms=500, max_records=MAX_RECORDS)
+                if not batch:
+                    continue
+                outputs: list[Output] = []
+                for records in batch.values():
+                    for record in records:
+                        outputs += self._facts(record)
+                if outputs:
+                    await self.send(outputs)  # acknowledged by the broker before the commit
+                    self.forwarded += len(outputs)
+                await self._commit(consumer, {tp: records[-1].offset + 1 for tp, records in batch.items() if records})
+        finally:
+            await consumer.stop()
+
+    def _facts(self, record) -> list[Output]:
+        try:
+            envelope = read_envelope(record.value, WANTED)
+        except ContractError:
+            return []  # the faust agent reads the same record and dead-letters it
+        if envelope is None or not isinstance(envelope.payload, FORWARDED):
+            return []
+        try:
+            return self.route(envelope)
+        except UnknownQueue as error:
+            self.unroutable += 1
+            log.warning("lifecycle event for a workload in no known queue; not forwarded: %s (event %s)",
+                        error, envelope.event_id)
+            return []
+
+    @staticmethod
+    async def _commit(consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, int]) -> None:
+        owned = consumer.assignment()
+        offsets = {tp: o for tp, o in offsets.items() if tp in owned}
+        if not offsets:
+            return
+        try:
+            await consumer.commit(offsets)
+        except CommitFailedError as error:  # a rebalance took the partition: its new owner forwards again
+            log.info("fact lane commit refused after a rebalance (the facts are forwarded again): %s", error)
+
+    async def _seed_from_takeover_group(self) -> None:
+        """Before joining: commit, in this lane's group, the takeover group's offset of every
+        partition this lane has never committed. (Seeking in a rebalance listener came too late:
+        the first fetch from the beginning was already under way.)"""
+        if not self.takeover_group:
+            return
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        await admin.start()
+        try:
+            own = await admin.list_consumer_group_offsets(self.group)
+            theirs = await admin.list_consumer_group_offsets(self.takeover_group)
+        finally:
+            await admin.close()
+        seeds = {tp: meta.offset for tp, meta in theirs.items()
+                 if tp.topic == self.topic and meta.offset >= 0 and own.get(tp, _NONE).offset < 0}
+        if not seeds:
+            return
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=self.group, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            consumer.assign(list(seeds))
+            await consumer.commit(seeds)
+            log.info("fact lane starts where %s stopped: %s", self.takeover_group,
+                     {tp.partition: offset for tp, offset in sorted(seeds.items())})
+        except KafkaError as error:  # another replica's lane is in the group already: it seeded it
+            log.warning("fact lane could not take over %s's offsets (%s)", self.takeover_group, error)
+        finally:
+            await consumer.stop()
+
+
+_NONE = OffsetAndMetadata(-1, "")
+
+
+class _Joined(ConsumerRebalanceListener):
+    def __init__(self, joined: asyncio.Event) -> None:
+        self.joined = joined
+
+    async def on_partitions_revoked(self, revoked) -> None:
+        pass  # each round commits before the next fetch: nothing forwarded is left uncommitted
+
+    async def on_partitions_assigned(self, assigned) -> None:
+        self.joined.set()  # also with no partition: more replicas than partitions
+
+
+async def run_forever(lane: FactLane, retry_s: float = 2.0) -> None:
+    """The lane, restarted after a broker error (at-least-once: it resumes at its commits)."""
+    while True:
+        try:
+            await lane.run()
+        except (KafkaError, OSError) as error:
+            log.warning("fact lane stopped (%s); restarting in %.0f s", error, retry_s)
+            await asyncio.sleep(retry_s)

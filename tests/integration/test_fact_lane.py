@@ -1,0 +1,119 @@
+"""Admission's fact lane on the real broker (ADR 0026): where a partition starts, what it
+passes over, and that it resumes at its own commits."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from services.adapters.bus import Publisher, read_topic
+from services.adapters.runtime import Output
+from services.admission.fact_lane import FactLane
+from services.contracts.codec import make_envelope
+from services.contracts.events import PodRunning, WorkloadSubmitted
+from tests.integration.test_worker_recovery import wait_for
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+AT = "2026-11-29T10:00:00Z"
+
+
+def pod_running(n: int):
+    return make_envelope(PodRunning(uid=f"pod-{n}", workload_uid="uid-w", namespace="ml-team", name=f"w-{n}",
+                                    queue_name="team-ml", workload_name="w", started_at=AT),
+                         producer="test", occurred_at=AT)
+
+
+def submission():
+    return make_envelope(WorkloadSubmitted(uid="uid-w", namespace="ml-team", name="w", kind="Job",
+                                           queue_name="team-ml", priority=0, labels={}, created_at=AT,
+                                           pod_sets=[{"name": "main", "count": 1, "requests": {"cpu": 1000}}]),
+                         producer="test", occurred_at=AT)
+
+
+class Collected:
+    """The lane's outputs as the broker would have acknowledged them: pod uids, in order."""
+
+    def __init__(self) -> None:
+        self.pods: list[str] = []
+
+    async def send(self, outputs: list[Output]) -> None:
+        self.pods += [o.envelope.payload.uid for o in outputs]
+
+
+def route(envelope) -> list[Output]:
+    return [Output("qm.workloads", "gpu-queue", envelope)]
+
+
+async def committed(bootstrap: str, group: str) -> dict[int, int]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    return {tp.partition: meta.offset for tp, meta in offsets.items()}
+
+
+async def run_until(lane: FactLane, collected: Collected, pods: int, what: str) -> None:
+    task = asyncio.create_task(lane.run())
+    try:
+        async def forwarded():
+            if task.done():
+                task.result()  # a crashed lane fails the test with its own error
+            return len(collected.pods) >= pods
+
+        await wait_for(forwarded, 60, what)
+        await asyncio.sleep(1.5)  # anything more would come within a fetch or two
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_new_lane_starts_at_the_beginning_or_where_the_takeover_group_stopped(kafka_bootstrap, topic_prefix):
+    topic = topic_prefix + "qm.cluster"
+    async with Publisher(kafka_bootstrap, topic_prefix) as bus:  # one key: one partition, in this order
+        for envelope in [pod_running(0), submission(), pod_running(1), pod_running(2), pod_running(3)]:
+            await bus.publish("qm.cluster", "uid-w", envelope)
+        await bus.publish_raw("qm.cluster", b"uid-w", b"{not json")
+        await bus.publish("qm.cluster", "uid-w", pod_running(4))
+        await bus.flush()
+    records = [r async for r in read_topic(kafka_bootstrap, topic)]
+    partition = records[0].partition
+    assert [r.offset for r in records] == list(range(7))
+
+    # the group that forwarded before the lane existed had read up to pod-2 (offset 3)
+    old_group = f"old-admission-{uuid.uuid4().hex[:8]}"
+    consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=old_group, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        consumer.assign([TopicPartition(topic, partition)])
+        await consumer.commit({TopicPartition(topic, partition): 3})
+    finally:
+        await consumer.stop()
+
+    group = f"lane-{uuid.uuid4().hex[:8]}"
+    taking_over = Collected()
+    await run_until(FactLane(kafka_bootstrap, topic, group, route, taking_over.send, takeover_group=old_group),
+                    taking_over, 3, "the lane to forward from the takeover group's offset")
+    # the submission is not a fact, the unreadable record is the faust agent's to dead-letter
+    assert taking_over.pods == ["pod-2", "pod-3", "pod-4"]
+    assert (await committed(kafka_bootstrap, group))[partition] == 7
+
+    # restarted: it resumes at its own commit, and forwards only what came since
+    async with Publisher(kafka_bootstrap, topic_prefix) as bus:
+        await bus.publish("qm.cluster", "uid-w", pod_running(5))
+        await bus.flush()
+    resumed = Collected()
+    await run_until(FactLane(kafka_bootstrap, topic, group, route, resumed.send, takeover_group=old_group),
+                    resumed, 1, "the restarted lane to forward the new fact")
+    assert resumed.pods == ["pod-5"]
+
+    # without a takeover group a new lane reads the partition from its beginning
+    fresh = Collected()
+    await run_until(FactLane(kafka_bootstrap, topic, f"lane-{uuid.uuid4().hex[:8]}", route, fresh.send),
+                    fresh, 6, "a new lane to forward every fact")
+    assert fresh.pods == ["pod-0", "pod-1", "pod-2", "pod-3", "pod-4", "pod-5"]
