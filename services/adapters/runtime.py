@@ -759,7 +759,12 @@ class ServiceRuntime:
                 and event.message.generation_id == app.consumer_generation_id)
 
     async def dead_letter(self, topic_name: str, event: Any, error: str, *, kind: str) -> None:
-        message = event.message
+        await self.dead_letter_record(topic_name, event.message, error, kind=kind)
+
+    async def dead_letter_record(self, topic_name: str, message: Any, error: str, *, kind: str,
+                                 consumer: str | None = None) -> None:
+        """`message`: anything with key, value, topic, partition and offset (a faust message or
+        an aiokafka record); `consumer` names the reader in the headers (default: the app id)."""
         self.log.warning(
             "message dead-lettered",
             topic=topic_name,
@@ -772,7 +777,8 @@ class ServiceRuntime:
         fut = await self.topic(f"{topic_name}.dlq").send(
             key=message.key,
             value=message.value,
-            headers=dlq_headers(error, message.topic, message.partition, message.offset, self.settings.app_id),
+            headers=dlq_headers(error, message.topic, message.partition, message.offset,
+                                consumer or self.settings.app_id),
         )
         await fut
 

@@ -97,6 +97,8 @@ runtime.consume("qm.cluster", on_submitted, batched=True, reads=[WorkloadSubmitt
 fact_lane = FactLane(
     settings.kafka_bootstrap, settings.topic("qm.cluster"), f"{settings.app_id}-facts",
     route=lambda envelope: cohort_stream_outputs(envelope, config), send=runtime.publish,
+    dead_letter=lambda record, error: runtime.dead_letter_record(
+        "qm.cluster", record, error, kind="contract", consumer=f"{settings.app_id}-facts"),
     takeover_group=os.environ.get("QM_FACT_LANE_TAKEOVER_GROUP") or None,
 )
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
@@ -28,10 +29,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import CommitFailedError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
-from services.adapters.bus import read_envelope
 from services.adapters.runtime import Output
 from services.admission.cohort_stream import FORWARDED, UnknownQueue
-from services.contracts.codec import ContractError, Envelope
+from services.contracts.codec import ContractError, Envelope, from_document, parse
 
 log = logging.getLogger("qm.admission.facts")
 
@@ -41,18 +41,23 @@ MAX_RECORDS = 1000  # per round: a round's facts are acknowledged together befor
 
 class FactLane:
     """Reads `topic` in consumer group `group`, sends `route(envelope)` for every forwarded fact
-    through `send`, and commits what it has forwarded. A partition it has never committed starts
-    at the beginning, or, with `takeover_group`, where that group's commit is: for an upgrade
-    from a version whose faust agent forwarded the facts (QM_FACT_LANE_TAKEOVER_GROUP=qm-admission,
-    set for the first start only), so the topic's history is not forwarded again. Not by
-    default: the new agent commits in that group too, and facts below its commit would be
-    skipped."""
+    through `send`, and commits what it has forwarded.
+
+    A record of a fact's type that fails its schema goes to `dead_letter(record, error)`: the
+    faust agent passes facts over unvalidated, so nobody else would.
+
+    A partition it has never committed starts at the beginning, or, with `takeover_group`,
+    where that group's commit is: for an upgrade from a version whose faust agent forwarded the
+    facts (QM_FACT_LANE_TAKEOVER_GROUP=qm-admission, set for the first start only), so the
+    topic's history is not forwarded again. Not by default: the new agent commits in that group
+    too, and facts below its commit would be skipped."""
 
     def __init__(self, bootstrap: str, topic: str, group: str, route: Callable[[Envelope], list[Output]],
-                 send: Callable[[list[Output]], Awaitable[None]], *, takeover_group: str | None = None,
+                 send: Callable[[list[Output]], Awaitable[None]],
+                 dead_letter: Callable[[Any, str], Awaitable[None]], *, takeover_group: str | None = None,
                  fetch_max_wait_ms: int = 100) -> None:
         self.bootstrap, self.topic, self.group, self.takeover_group = bootstrap, topic, group, takeover_group
-        self.route, self.send = route, send
+        self.route, self.send, self.dead_letter = route, send, dead_letter
         self.fetch_max_wait_ms = fetch_max_wait_ms
         self.joined = asyncio.Event()  # set at its first partition assignment (admission's /readyz waits)
         self.forwarded = 0  # facts sent
@@ -74,7 +79,7 @@ class FactLane:
                 outputs: list[Output] = []
                 for records in batch.values():
                     for record in records:
-                        outputs += self._facts(record)
+                        outputs += await self._facts(record)
                 if outputs:
                     await self.send(outputs)  # acknowledged by the broker before the commit
                     self.forwarded += len(outputs)
@@ -82,12 +87,17 @@ class FactLane:
         finally:
             await consumer.stop()
 
-    def _facts(self, record) -> list[Output]:
+    async def _facts(self, record) -> list[Output]:
         try:
-            envelope = read_envelope(record.value, WANTED)
+            document = parse(record.value)
         except ContractError:
-            return []  # the faust agent reads the same record and dead-letters it
-        if envelope is None or not isinstance(envelope.payload, FORWARDED):
+            return []  # not JSON: the faust agent reads the same record and dead-letters it
+        if not isinstance(document, dict) or document.get("event_type") not in WANTED:
+            return []  # not a fact; what nobody can read is the faust agent's to dead-letter
+        try:
+            envelope = from_document(document)
+        except ContractError as error:  # a fact only this lane validates: dead-lettered here
+            await self.dead_letter(record, f"contract: {error}")
             return []
         try:
             return self.route(envelope)

@@ -8,10 +8,11 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+import orjson
 import pytest
 
-from services.adapters.bus import Publisher, read_envelopes
-from services.contracts.codec import make_envelope
+from services.adapters.bus import DLQ_CONSUMER, DLQ_ERROR, Publisher, read_envelopes, read_topic
+from services.contracts.codec import encode, make_envelope
 from services.contracts.events import (
     NamespaceLabels,
     NodeCapacity,
@@ -140,6 +141,12 @@ async def test_a_workloads_pod_facts_follow_its_verdict_onto_its_cohorts_stream(
             for key, fact in facts:
                 envelope = fact if hasattr(fact, "payload") else make_envelope(fact, producer="test", occurred_at=AT)
                 await bus.publish("qm.cluster", key, envelope)
+            # nobody can read the first; the second is a pod fact without its pod: the fact lane's
+            broken = orjson.loads(encode(make_envelope(PodRunning(**pod, workload_name="train", started_at=AT),
+                                                       producer="test", occurred_at=AT, identity=("broken",))))
+            del broken["payload"]["uid"]
+            await bus.publish_raw("qm.cluster", b"uid-train", b"{not json")
+            await bus.publish_raw("qm.cluster", b"uid-train", orjson.dumps(broken))
             await bus.flush()
 
         async def on_stream():
@@ -149,10 +156,19 @@ async def test_a_workloads_pod_facts_follow_its_verdict_onto_its_cohorts_stream(
         async def all_forwarded():
             return len(await on_stream()) >= 6
 
+        async def both_dead_lettered():
+            return len([r async for r in read_topic(kafka_bootstrap, topic_prefix + "qm.cluster.dlq")]) >= 2
+
         await wait_for(all_forwarded, 60, "the verdict and five forwarded records")
+        await wait_for(both_dead_lettered, 60, "the two unreadable records on qm.cluster.dlq")
         stream = await on_stream()
+        dead = [r async for r in read_topic(kafka_bootstrap, topic_prefix + "qm.cluster.dlq")]
     finally:
         worker.stop()
+    by_reader = {dict(r.headers)[DLQ_CONSUMER].decode().split("-")[-1]: dict(r.headers)[DLQ_ERROR].decode()
+                 for r in dead}
+    assert len(dead) == 2 and by_reader.keys() == {"facts", env["QM_APP_ID_SUFFIX"].split("-")[-1]}, by_reader
+    assert by_reader["facts"].startswith("contract: ") and "'uid' is a required property" in by_reader["facts"]
     # the facts in their own order; the verdict comes from the other lane (ADR 0026): a pod runs
     # only after its workload's verdict, so in a cluster the verdict is there first anyway
     assert [(key, e.event_type) for key, e in stream if e.event_type not in ("node.capacity.v1",

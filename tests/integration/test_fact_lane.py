@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -13,7 +14,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from services.adapters.bus import Publisher, read_topic
 from services.adapters.runtime import Output
 from services.admission.fact_lane import FactLane
-from services.contracts.codec import make_envelope
+from services.contracts.codec import encode, make_envelope
 from services.contracts.events import PodRunning, WorkloadSubmitted
 from tests.integration.test_worker_recovery import wait_for
 
@@ -35,13 +36,18 @@ def submission():
 
 
 class Collected:
-    """The lane's outputs as the broker would have acknowledged them: pod uids, in order."""
+    """The lane's outputs as the broker would have acknowledged them (pod uids, in order), and
+    what it dead-lettered (offset, error)."""
 
     def __init__(self) -> None:
         self.pods: list[str] = []
+        self.dead: list[tuple[int, str]] = []
 
     async def send(self, outputs: list[Output]) -> None:
         self.pods += [o.envelope.payload.uid for o in outputs]
+
+    async def dead_letter(self, record, error: str) -> None:
+        self.dead.append((record.offset, error))
 
 
 def route(envelope) -> list[Output]:
@@ -79,11 +85,14 @@ async def test_a_new_lane_starts_at_the_beginning_or_where_the_takeover_group_st
         for envelope in [pod_running(0), submission(), pod_running(1), pod_running(2), pod_running(3)]:
             await bus.publish("qm.cluster", "uid-w", envelope)
         await bus.publish_raw("qm.cluster", b"uid-w", b"{not json")
+        broken = orjson.loads(encode(pod_running(9)))
+        del broken["payload"]["started_at"]  # a fact's type, not a fact: the lane alone validates it
+        await bus.publish_raw("qm.cluster", b"uid-w", orjson.dumps(broken))
         await bus.publish("qm.cluster", "uid-w", pod_running(4))
         await bus.flush()
     records = [r async for r in read_topic(kafka_bootstrap, topic)]
     partition = records[0].partition
-    assert [r.offset for r in records] == list(range(7))
+    assert [r.offset for r in records] == list(range(8))
 
     # the group that forwarded before the lane existed had read up to pod-2 (offset 3)
     old_group = f"old-admission-{uuid.uuid4().hex[:8]}"
@@ -97,23 +106,25 @@ async def test_a_new_lane_starts_at_the_beginning_or_where_the_takeover_group_st
 
     group = f"lane-{uuid.uuid4().hex[:8]}"
     taking_over = Collected()
-    await run_until(FactLane(kafka_bootstrap, topic, group, route, taking_over.send, takeover_group=old_group),
+    await run_until(FactLane(kafka_bootstrap, topic, group, route, taking_over.send, taking_over.dead_letter, takeover_group=old_group),
                     taking_over, 3, "the lane to forward from the takeover group's offset")
-    # the submission is not a fact, the unreadable record is the faust agent's to dead-letter
+    # the submission is not a fact, the record that is not JSON is the faust agent's to
+    # dead-letter; the pod fact without its start time is the lane's
     assert taking_over.pods == ["pod-2", "pod-3", "pod-4"]
-    assert (await committed(kafka_bootstrap, group))[partition] == 7
+    assert [(offset, "started_at" in error) for offset, error in taking_over.dead] == [(6, True)]
+    assert (await committed(kafka_bootstrap, group))[partition] == 8
 
     # restarted: it resumes at its own commit, and forwards only what came since
     async with Publisher(kafka_bootstrap, topic_prefix) as bus:
         await bus.publish("qm.cluster", "uid-w", pod_running(5))
         await bus.flush()
     resumed = Collected()
-    await run_until(FactLane(kafka_bootstrap, topic, group, route, resumed.send, takeover_group=old_group),
+    await run_until(FactLane(kafka_bootstrap, topic, group, route, resumed.send, resumed.dead_letter, takeover_group=old_group),
                     resumed, 1, "the restarted lane to forward the new fact")
     assert resumed.pods == ["pod-5"]
 
     # without a takeover group a new lane reads the partition from its beginning
     fresh = Collected()
-    await run_until(FactLane(kafka_bootstrap, topic, f"lane-{uuid.uuid4().hex[:8]}", route, fresh.send),
+    await run_until(FactLane(kafka_bootstrap, topic, f"lane-{uuid.uuid4().hex[:8]}", route, fresh.send, fresh.dead_letter),
                     fresh, 6, "a new lane to forward every fact")
     assert fresh.pods == ["pod-0", "pod-1", "pod-2", "pod-3", "pod-4", "pod-5"]
