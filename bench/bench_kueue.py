@@ -111,7 +111,7 @@ async def watch(runner: WallClockRunner, task: asyncio.Task, timeout: float, sta
     service working through a backlog is progress). Returns the seconds without progress
     when it gave up for that reason, else None."""
     deadline = time.monotonic() + timeout
-    groups = [stack.group(s) for s in SERVICES]
+    groups = stack.groups(SERVICES)
     last, since, checked = None, time.monotonic(), 0.0
     committed = 0
     while not runner.done.is_set() and not task.done() and time.monotonic() < deadline:
@@ -184,7 +184,7 @@ async def run(scenario: KueueScenario, args: argparse.Namespace) -> dict:
         if spy:
             profiles = spy.stop()
         # Where a backlog sits, per service and input topic (records read but not yet committed).
-        backlog = await group_lag(stack.bootstrap, [stack.group(s) for s in SERVICES])
+        backlog = await group_lag(stack.bootstrap, stack.groups(SERVICES))
         bus = await topic_end_offsets(stack.bootstrap, [stack.prefix + t for t in TOPICS])
         exited = stack.exited()
         outcome = "all finished" if complete else ("SERVICE EXITED" if exited else "STALLED" if stalled else "TIMEOUT")

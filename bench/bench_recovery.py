@@ -124,7 +124,7 @@ async def run(args: argparse.Namespace) -> dict:
         publish_s = await publish(stack, n, args.cohorts, args.queues, progress)
         progress(f"published in {publish_s:.1f} s; waiting until every service has committed all of it", force=True)
         fed = time.monotonic()
-        readers = [stack.group(s) for s in SERVICES if s != "admission"]  # admission reads nothing here
+        readers = stack.groups(s for s in SERVICES if s != "admission")  # admission reads nothing here
         drain = await wait_drained(stack.bootstrap, readers, args.timeout, progress, stall_s=60, stack=stack,
                                    reads=stack.reads(s for s in SERVICES if s != "admission"))
         process_s = time.monotonic() - fed

@@ -253,7 +253,7 @@ async def run(args: argparse.Namespace) -> dict:
             progress("TIMEOUT: the simulator did not get through the trace", force=True)
         sim_wall = time.monotonic() - sim_started
         progress(f"simulator done in {sim_wall:.1f} s; waiting for the services to commit everything", force=True)
-        groups = [stack.group(s) for s in SERVICES]
+        groups = stack.groups(SERVICES)
         reads = stack.reads(SERVICES)
         # Every ledger row is out once qm.workloads is read to the end; the budget fold behind
         # it (by-cost-center) and the row index (qm.billing) do not change the rows.

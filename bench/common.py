@@ -261,12 +261,14 @@ class BenchStack:
                     self.run_dir / f"{service}.log"), "log": str(self.run_dir / f"{service}.log")}
         return out
 
-    def group(self, service: str) -> str:
-        return f"qm-{service}{self.suffix}"
+    def groups(self, services: Iterable[str]) -> list[str]:
+        """Every consumer group of these services (admission has two: ADR 0026)."""
+        return list(self.reads(services))
 
     def reads(self, services: Iterable[str]) -> dict[str, list[str]]:
-        """Each service's consumer group -> the topics it reads, with this stack's prefix."""
-        return {self.group(s): [self.prefix + t for t in SERVICE_INPUTS[s]] for s in services}
+        """Each consumer group of these services -> the topics it reads, with this stack's prefix."""
+        return {f"qm-{s}{self.suffix}{lane}": [self.prefix + t for t in topics]
+                for s in services for lane, topics in SERVICE_INPUTS[s].items()}
 
     async def stop(self) -> None:
         if self.stack is not None:
@@ -364,10 +366,10 @@ async def topic_end_offsets(bootstrap: str, topics: list[str]) -> dict[str, int]
 # that has committed nothing: it is drained when these are all still empty (the preemption
 # service reads only qm.preemption, and a replay without preemption writes none).
 SERVICE_INPUTS = {
-    "admission": ("qm.cluster",),
-    "queue-manager": ("qm.workloads", "qm.clock"),
-    "preemption": ("qm.preemption",),
-    "cost-accounting": ("qm.workloads", "qm.billing"),
+    "admission": {"": ("qm.cluster",), "-facts": ("qm.cluster",)},  # its faust agent, its fact lane
+    "queue-manager": {"": ("qm.workloads", "qm.clock")},
+    "preemption": {"": ("qm.preemption",)},
+    "cost-accounting": {"": ("qm.workloads", "qm.billing")},
 }
 
 
