@@ -106,6 +106,10 @@ class FactLane:
             log.warning("lifecycle event for a workload in no known queue; not forwarded: %s (event %s)",
                         error, envelope.event_id)
             return []
+        except Exception as error:  # noqa: BLE001 - a routing bug must not stop the lane (as in the agents)
+            log.exception("fact lane: routing failed; record dead-lettered (event %s)", envelope.event_id)
+            await self.dead_letter(record, f"handler: {type(error).__name__}: {error}")
+            return []
 
     @staticmethod
     async def _commit(consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, int]) -> None:
@@ -163,10 +167,15 @@ class _Joined(ConsumerRebalanceListener):
 
 
 async def run_forever(lane: FactLane, retry_s: float = 2.0) -> None:
-    """The lane, restarted after a broker error (at-least-once: it resumes at its commits)."""
+    """The lane, restarted after an error (at-least-once: it resumes at its commits). A lane
+    that stopped would leave the facts unforwarded while the service looked healthy."""
     while True:
         try:
             await lane.run()
+        except asyncio.CancelledError:
+            raise
         except (KafkaError, OSError) as error:
             log.warning("fact lane stopped (%s); restarting in %.0f s", error, retry_s)
-            await asyncio.sleep(retry_s)
+        except Exception:  # noqa: BLE001 - whatever it was, forwarding must go on
+            log.exception("fact lane failed; restarting in %.0f s", retry_s)
+        await asyncio.sleep(retry_s)

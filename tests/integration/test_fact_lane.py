@@ -128,3 +128,23 @@ async def test_a_new_lane_starts_at_the_beginning_or_where_the_takeover_group_st
     await run_until(FactLane(kafka_bootstrap, topic, f"lane-{uuid.uuid4().hex[:8]}", route, fresh.send, fresh.dead_letter),
                     fresh, 6, "a new lane to forward every fact")
     assert fresh.pods == ["pod-0", "pod-1", "pod-2", "pod-3", "pod-4", "pod-5"]
+
+
+async def test_a_fact_the_lane_cannot_route_is_dead_lettered_and_the_lane_goes_on(kafka_bootstrap, topic_prefix):
+    """As in the faust agents: a handler's unexpected exception costs that record, not the stream."""
+    async with Publisher(kafka_bootstrap, topic_prefix) as bus:
+        for n in range(3):
+            await bus.publish("qm.cluster", "uid-w", pod_running(n))
+        await bus.flush()
+
+    def picky_route(envelope) -> list[Output]:
+        if envelope.payload.uid == "pod-1":
+            raise RuntimeError("no route for pod-1")
+        return route(envelope)
+
+    collected = Collected()
+    lane = FactLane(kafka_bootstrap, topic_prefix + "qm.cluster", f"lane-{uuid.uuid4().hex[:8]}", picky_route,
+                    collected.send, collected.dead_letter)
+    await run_until(lane, collected, 2, "the lane to forward the other two")
+    assert collected.pods == ["pod-0", "pod-2"]
+    assert [(offset, error) for offset, error in collected.dead] == [(1, "handler: RuntimeError: no route for pod-1")]
