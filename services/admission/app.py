@@ -126,6 +126,9 @@ async def live_state(web, request):
     namespace_object = replica.namespace(namespace)
     return web.json({
         "caughtUp": replica.ready(),
+        # the facts' own consumer (ADR 0026): not joined, or unroutable rising, is worth a look
+        "factLane": {"joined": fact_lane.joined.is_set(), "recordsForwarded": fact_lane.forwarded,
+                     "unroutable": fact_lane.unroutable},
         "namespace": namespace_object,
         "usage": replica.usage(namespace),
         "budget": replica.budget(cost_center_of({}, namespace_object)) if namespace_object else None,

@@ -28,12 +28,15 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import CommitFailedError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
+from prometheus_client import Counter
 
 from services.adapters.runtime import Output
 from services.admission.cohort_stream import FORWARDED, UnknownQueue
 from services.contracts.codec import ContractError, Envelope, from_document, parse
 
 log = logging.getLogger("qm.admission.facts")
+FACTS = Counter("qm_admission_facts_total", "qm.cluster facts the fact lane read, by outcome",
+                ["outcome"])  # forwarded | unroutable (no configured queue) | dead-lettered
 
 WANTED = frozenset(record.EVENT_TYPE for record in FORWARDED)
 MAX_RECORDS = 1000  # per round: a round's facts are acknowledged together before its commit
@@ -60,7 +63,7 @@ class FactLane:
         self.route, self.send, self.dead_letter = route, send, dead_letter
         self.fetch_max_wait_ms = fetch_max_wait_ms
         self.joined = asyncio.Event()  # set at its first partition assignment (admission's /readyz waits)
-        self.forwarded = 0  # facts sent
+        self.forwarded = 0  # records sent (a running pod is two: pod.running and workload.running)
         self.unroutable = 0  # facts about workloads in no configured queue (logged, not sent)
 
     async def run(self) -> None:
@@ -97,17 +100,22 @@ class FactLane:
         try:
             envelope = from_document(document)
         except ContractError as error:  # a fact only this lane validates: dead-lettered here
+            FACTS.labels("dead-lettered").inc()
             await self.dead_letter(record, f"contract: {error}")
             return []
         try:
-            return self.route(envelope)
+            outputs = self.route(envelope)
+            FACTS.labels("forwarded").inc()
+            return outputs
         except UnknownQueue as error:
             self.unroutable += 1
+            FACTS.labels("unroutable").inc()
             log.warning("lifecycle event for a workload in no known queue; not forwarded: %s (event %s)",
                         error, envelope.event_id)
             return []
         except Exception as error:  # noqa: BLE001 - a routing bug must not stop the lane (as in the agents)
             log.exception("fact lane: routing failed; record dead-lettered (event %s)", envelope.event_id)
+            FACTS.labels("dead-lettered").inc()
             await self.dead_letter(record, f"handler: {type(error).__name__}: {error}")
             return []
 

@@ -163,8 +163,15 @@ async def test_a_workloads_pod_facts_follow_its_verdict_onto_its_cohorts_stream(
         await wait_for(both_dead_lettered, 60, "the two unreadable records on qm.cluster.dlq")
         stream = await on_stream()
         dead = [r async for r in read_topic(kafka_bootstrap, topic_prefix + "qm.cluster.dlq")]
+        lane = json.loads(urllib.request.urlopen(  # what on-call sees of the fact lane
+            f"http://127.0.0.1:{worker.port}/live-state?namespace=ml-team", timeout=5).read())["factLane"]
+        metrics = worker.metrics()
     finally:
         worker.stop()
+    assert lane == {"joined": True, "recordsForwarded": 5, "unroutable": 1}  # a running pod is two records
+    assert 'qm_admission_facts_total{outcome="forwarded"} 4.0' in metrics
+    assert 'qm_admission_facts_total{outcome="unroutable"} 1.0' in metrics
+    assert 'qm_admission_facts_total{outcome="dead-lettered"} 1.0' in metrics
     by_reader = {dict(r.headers)[DLQ_CONSUMER].decode().split("-")[-1]: dict(r.headers)[DLQ_ERROR].decode()
                  for r in dead}
     assert len(dead) == 2 and by_reader.keys() == {"facts", env["QM_APP_ID_SUFFIX"].split("-")[-1]}, by_reader
