@@ -46,15 +46,28 @@ def usage(gpus: int, tag: str):
         producer="test", occurred_at=AT, identity=(tag,))
 
 
+def admission_env(topic_prefix: str, tmp_path) -> dict[str, str]:
+    """One admission worker on this test's topics, as a consumer group of its own."""
+    return {"QM_TOPIC_PREFIX": topic_prefix, "QM_APP_ID_SUFFIX": f"-{uuid.uuid4().hex[:8]}", "QM_STORE": "memory://",
+            "QM_DATA_DIR": str(tmp_path), "QM_CONFIG_DIR": str(REPO / "examples" / "seed"),
+            "QM_POLICY_DIR": str(REPO / "policies" / "library")}
+
+
+async def publish_the_namespace(kafka_bootstrap: str, topic_prefix: str) -> None:
+    """ml-team with its cost center: the namespace the policies look up."""
+    async with Publisher(kafka_bootstrap, topic_prefix) as bus:
+        ns = NamespaceLabels(namespace="ml-team", labels={"quartermaster.dev/cost-center": "cc-ml"})
+        await bus.publish("qm.cluster", "ml-team", make_envelope(ns, producer="test", occurred_at=AT))
+        await bus.flush()
+
+
 async def verdicts(bootstrap, prefix) -> dict[str, object]:
     return {e.payload.name: e async for _, e in read_envelopes(bootstrap, prefix + "qm.workloads")
             if not isinstance(e, Exception)}
 
 
 async def test_namespace_gpu_maximum_counts_live_usage(kafka_bootstrap, topic_prefix, tmp_path):
-    env = {"QM_TOPIC_PREFIX": topic_prefix, "QM_APP_ID_SUFFIX": f"-{uuid.uuid4().hex[:8]}", "QM_STORE": "memory://",
-           "QM_DATA_DIR": str(tmp_path), "QM_CONFIG_DIR": str(REPO / "examples" / "seed"),
-           "QM_POLICY_DIR": str(REPO / "policies" / "library")}
+    env = admission_env(topic_prefix, tmp_path)
     async with Publisher(kafka_bootstrap, topic_prefix) as bus:
         ns = NamespaceLabels(namespace="ml-team", labels={"quartermaster.dev/cost-center": "cc-ml"})
         await bus.publish("qm.cluster", "ml-team", make_envelope(ns, producer="test", occurred_at=AT))
@@ -115,13 +128,8 @@ async def test_a_workloads_pod_facts_follow_its_verdict_onto_its_cohorts_stream(
     """ADR 0023: admission re-keys pod and workload lifecycle facts from qm.cluster (keyed by
     uid) onto qm.workloads under the cohort key, in the workload's own order; node capacity
     goes to every cohort. A fact about an unknown queue is logged and the stream goes on."""
-    env = {"QM_TOPIC_PREFIX": topic_prefix, "QM_APP_ID_SUFFIX": f"-{uuid.uuid4().hex[:8]}", "QM_STORE": "memory://",
-           "QM_DATA_DIR": str(tmp_path), "QM_CONFIG_DIR": str(REPO / "examples" / "seed"),
-           "QM_POLICY_DIR": str(REPO / "policies" / "library")}
-    async with Publisher(kafka_bootstrap, topic_prefix) as bus:  # the namespace the policies look up
-        ns = NamespaceLabels(namespace="ml-team", labels={"quartermaster.dev/cost-center": "cc-ml"})
-        await bus.publish("qm.cluster", "ml-team", make_envelope(ns, producer="test", occurred_at=AT))
-        await bus.flush()
+    env = admission_env(topic_prefix, tmp_path)
+    await publish_the_namespace(kafka_bootstrap, topic_prefix)
     worker = start_worker("services.admission", env, tmp_path / "admission.log")
     pod = {"uid": "pod-train", "workload_uid": "uid-train", "namespace": "ml-team", "name": "train-0",
            "queue_name": "team-ml"}
@@ -198,13 +206,8 @@ async def test_pod_facts_do_not_wait_behind_a_burst_of_submissions(kafka_bootstr
     """ADR 0026: a pod fact that reaches qm.cluster behind a burst of submissions is on the
     cohort's stream before the burst's last verdict. In one agent it came after all of them, and
     in kueue-large-scale the queue-manager learnt of finishes 8-13 s late."""
-    env = {"QM_TOPIC_PREFIX": topic_prefix, "QM_APP_ID_SUFFIX": f"-{uuid.uuid4().hex[:8]}", "QM_STORE": "memory://",
-           "QM_DATA_DIR": str(tmp_path), "QM_CONFIG_DIR": str(REPO / "examples" / "seed"),
-           "QM_POLICY_DIR": str(REPO / "policies" / "library")}
-    async with Publisher(kafka_bootstrap, topic_prefix) as bus:
-        ns = NamespaceLabels(namespace="ml-team", labels={"quartermaster.dev/cost-center": "cc-ml"})
-        await bus.publish("qm.cluster", "ml-team", make_envelope(ns, producer="test", occurred_at=AT))
-        await bus.flush()
+    env = admission_env(topic_prefix, tmp_path)
+    await publish_the_namespace(kafka_bootstrap, topic_prefix)
     worker = start_worker("services.admission", env, tmp_path / "admission.log")
     burst = 1500
     pod = PodRunning(uid="pod-early", workload_uid="uid-early", namespace="ml-team", name="early-0",
