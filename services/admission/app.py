@@ -25,7 +25,7 @@ from services.adapters import config_set
 from services.adapters.bus import follow
 from services.adapters.kueue_config import KueueConfig
 from services.adapters.live_replica import LiveReplica
-from services.adapters.runtime import Output, ServiceRuntime
+from services.adapters.runtime import FETCH_MAX_WAIT_MS, FETCH_MIN_BYTES, Output, ServiceRuntime
 from services.adapters.settings import Settings
 from services.admission import translate
 from services.admission.cohort_stream import cohort_stream_outputs
@@ -97,9 +97,10 @@ runtime.consume("qm.cluster", on_submitted, batched=True, reads=[WorkloadSubmitt
 fact_lane = FactLane(
     settings.kafka_bootstrap, settings.topic("qm.cluster"), f"{settings.app_id}-facts",
     route=lambda envelope: cohort_stream_outputs(envelope, config), send=runtime.publish,
-    dead_letter=lambda record, error: runtime.dead_letter_record(
-        "qm.cluster", record, error, kind="contract", consumer=f"{settings.app_id}-facts"),
+    dead_letter=lambda record, error, kind: runtime.dead_letter_record(
+        "qm.cluster", record, error, kind=kind, consumer=f"{settings.app_id}-facts"),
     takeover_group=os.environ.get("QM_FACT_LANE_TAKEOVER_GROUP") or None,
+    fetch_max_wait_ms=FETCH_MAX_WAIT_MS, fetch_min_bytes=FETCH_MIN_BYTES,  # as the faust agents' (ADR 0018)
 )
 
 

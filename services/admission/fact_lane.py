@@ -46,8 +46,9 @@ class FactLane:
     """Reads `topic` in consumer group `group`, sends `route(envelope)` for every forwarded fact
     through `send`, and commits what it has forwarded.
 
-    A record of a fact's type that fails its schema goes to `dead_letter(record, error)`: the
-    faust agent passes facts over unvalidated, so nobody else would.
+    A record of a fact's type that fails its schema goes to `dead_letter(record, error, kind)`
+    (kind "contract"): the faust agent passes facts over unvalidated, so nobody else would. One
+    that `route` fails on goes there too (kind "handler"), as in the faust agents.
 
     A partition it has never committed starts at the beginning, or, with `takeover_group`,
     where that group's commit is: for an upgrade from a version whose faust agent forwarded the
@@ -57,11 +58,11 @@ class FactLane:
 
     def __init__(self, bootstrap: str, topic: str, group: str, route: Callable[[Envelope], list[Output]],
                  send: Callable[[list[Output]], Awaitable[None]],
-                 dead_letter: Callable[[Any, str], Awaitable[None]], *, takeover_group: str | None = None,
-                 fetch_max_wait_ms: int = 100) -> None:
+                 dead_letter: Callable[[Any, str, str], Awaitable[None]], *, takeover_group: str | None = None,
+                 fetch_max_wait_ms: int = 100, fetch_min_bytes: int = 1) -> None:
         self.bootstrap, self.topic, self.group, self.takeover_group = bootstrap, topic, group, takeover_group
         self.route, self.send, self.dead_letter = route, send, dead_letter
-        self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.fetch_max_wait_ms, self.fetch_min_bytes = fetch_max_wait_ms, fetch_min_bytes
         self.joined = asyncio.Event()  # set at its first partition assignment (admission's /readyz waits)
         self.forwarded = 0  # records sent (a running pod is two: pod.running and workload.running)
         self.unroutable = 0  # facts about workloads in no configured queue (logged, not sent)
@@ -71,6 +72,7 @@ class FactLane:
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap, group_id=self.group, enable_auto_commit=False,
             auto_offset_reset="earliest", fetch_max_wait_ms=self.fetch_max_wait_ms,
+            fetch_min_bytes=self.fetch_min_bytes,
         )
         await consumer.start()
         consumer.subscribe([self.topic], listener=_Joined(self.joined))
@@ -101,7 +103,7 @@ class FactLane:
             envelope = from_document(document)
         except ContractError as error:  # a fact only this lane validates: dead-lettered here
             FACTS.labels("dead-lettered").inc()
-            await self.dead_letter(record, f"contract: {error}")
+            await self.dead_letter(record, f"contract: {error}", "contract")
             return []
         try:
             outputs = self.route(envelope)
@@ -116,7 +118,7 @@ class FactLane:
         except Exception as error:  # noqa: BLE001 - a routing bug must not stop the lane (as in the agents)
             log.exception("fact lane: routing failed; record dead-lettered (event %s)", envelope.event_id)
             FACTS.labels("dead-lettered").inc()
-            await self.dead_letter(record, f"handler: {type(error).__name__}: {error}")
+            await self.dead_letter(record, f"handler: {type(error).__name__}: {error}", "handler")
             return []
 
     @staticmethod

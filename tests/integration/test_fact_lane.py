@@ -46,7 +46,8 @@ class Collected:
     async def send(self, outputs: list[Output]) -> None:
         self.pods += [o.envelope.payload.uid for o in outputs]
 
-    async def dead_letter(self, record, error: str) -> None:
+    async def dead_letter(self, record, error: str, kind: str) -> None:
+        assert error.startswith(f"{kind}: ")
         self.dead.append((record.offset, error))
 
 
