@@ -50,11 +50,6 @@ def serve() -> None:
     runtime.main()
 
 
-def process_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def produce(bootstrap: str, topic: str, records: int) -> None:
     from aiokafka import AIOKafkaProducer
 
@@ -74,16 +69,8 @@ async def produce(bootstrap: str, topic: str, records: int) -> None:
         await producer.stop()
 
 
-async def committed(admin, group: str, topic: str) -> int:
-    try:
-        offsets = await admin.list_consumer_group_offsets(group)
-    except Exception:  # noqa: BLE001 - the group does not exist yet
-        return 0
-    return sum(meta.offset for tp, meta in offsets.items() if tp.topic == topic and meta.offset > 0)
-
-
 async def faust_side(bootstrap: str, prefix: str, records: int, log: Path) -> dict:
-    from aiokafka.admin import AIOKafkaAdminClient
+    from bench.common import committed_total, cpu_seconds
 
     suffix = f"-{uuid.uuid4().hex[:8]}"
     port = 6190 + os.getpid() % 500
@@ -92,26 +79,27 @@ async def faust_side(bootstrap: str, prefix: str, records: int, log: Path) -> di
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, __file__, "--serve", "worker", "--loglevel", "warn"], env=env,
                                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=out)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    group, topic = f"qm-delivery-bench{suffix}", prefix + "qm.workloads"
+    group = f"qm-delivery-bench{suffix}"
     try:
         start = None
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise SystemExit(f"the faust side exited with {proc.returncode}; see {log}")
-            done = await committed(admin, group, topic)
+            try:
+                done = await committed_total(bootstrap, [group])  # it reads only qm.workloads
+            except Exception:  # noqa: BLE001 - its group is not there yet
+                done = 0
             if start is None and done >= 0.1 * records:
-                start = (process_cpu_s(proc.pid), done, time.monotonic())
+                start = (cpu_seconds(proc.pid, digits=None), done, time.monotonic())
             if start is not None and done >= 0.9 * records:
-                cpu, n, wall = process_cpu_s(proc.pid) - start[0], done - start[1], time.monotonic() - start[2]
+                cpu = cpu_seconds(proc.pid, digits=None) - start[0]
+                n, wall = done - start[1], time.monotonic() - start[2]
                 return {"records": n, "cpu_s": round(cpu, 2), "wall_s": round(wall, 2),
                         "us_per_record": round(1e6 * cpu / n, 1)}
             await asyncio.sleep(0.05)
         raise SystemExit(f"the faust side did not get through the backlog in 300 s; see {log}")
     finally:
-        await admin.close()
         proc.terminate()
         try:
             proc.wait(30)

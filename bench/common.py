@@ -149,13 +149,14 @@ def vm_hwm_mib(pid: int) -> float | None:
     return None
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time a live process has used so far (seconds)."""
+def cpu_seconds(pid: int, *, digits: int | None = 1) -> float | None:
+    """User + system CPU time a live process has used so far (seconds; unrounded: digits=None)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 1)
+    seconds = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return seconds if digits is None else round(seconds, digits)
 
 
 BROKER_LABEL = "broker (kafka)"
