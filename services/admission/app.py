@@ -94,11 +94,12 @@ async def on_submitted(envelope: Envelope, event) -> None:
 # spent ~75% of the baseline bench's submission burst waiting (p50 submitted -> validated 7 s).
 # It reads only submissions (and dead-letters what nobody can read); the fact lane the rest.
 runtime.consume("qm.cluster", on_submitted, batched=True, reads=[WorkloadSubmitted])
+FACT_LANE_GROUP = f"{settings.app_id}-facts"
 fact_lane = FactLane(
-    settings.kafka_bootstrap, settings.topic("qm.cluster"), f"{settings.app_id}-facts",
+    settings.kafka_bootstrap, settings.topic("qm.cluster"), FACT_LANE_GROUP,
     route=lambda envelope: cohort_stream_outputs(envelope, config), send=runtime.publish,
     dead_letter=lambda record, error, kind: runtime.dead_letter_record(
-        "qm.cluster", record, error, kind=kind, consumer=f"{settings.app_id}-facts"),
+        "qm.cluster", record, error, kind=kind, consumer=FACT_LANE_GROUP),
     takeover_group=os.environ.get("QM_FACT_LANE_TAKEOVER_GROUP") or None,
     fetch_max_wait_ms=FETCH_MAX_WAIT_MS, fetch_min_bytes=FETCH_MIN_BYTES,  # as the faust agents' (ADR 0018)
 )
