@@ -15,6 +15,18 @@ clock, so the same trace and the same admissions always give the same events and
 wall clock only paces publication: ``speed`` simulated seconds per wall second. Ticks are held
 back ``tick_holdback_wall_s`` wall seconds so an admit in flight gets answered before time
 moves past it (at high speeds raise the queue-manager's QM_PODS_READY_TIMEOUT_S as well).
+
+A run ends at ``duration_s`` (default: the last submission plus a tick), dropping what would
+happen later. With ``settle_wall_s`` it goes on instead, as a cluster would: it keeps ticking,
+answers admits that come late and runs their pods to their end, and stops once nothing is
+scheduled and every workload is done, or nothing happened for ``settle_wall_s`` wall seconds
+(workloads that never get admitted, e.g. too big for any queue). A last tick then moves time
+``close_books_s`` further, so that a ledger which closes hours late (CostSettings
+closeDelaySeconds) closes the last ones too. It reads the verdicts on
+``qm.workloads`` for that: a workload rejected by policy or deactivated will not run, as a Job
+a validating webhook refused is never created. A replay compressed
+300,000-fold needs this: a second of decision latency is 83 trace hours, and a reservation the
+cluster never ran would be billed reserved-idle to the end.
 """
 
 from __future__ import annotations
@@ -65,11 +77,13 @@ class SimStats:
     finished: int = 0
     evicted: int = 0
     deleted: int = 0  # deleted by their owner before finishing (trace pods that never ran)
+    not_to_run: int = 0  # rejected by policy or deactivated (read in settle mode only)
     waiting: int = 0  # submitted, not running, not done (pending or suspended)
     gpu_running_milli: int = 0
     events_published: int = 0
     actions_seen: int = 0
     done: bool = False
+    stopped_because: str = ""  # why the run ended (set with done)
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -87,10 +101,15 @@ def load_trace(trace: str | Path | Sequence[TracePod] | None, *, seed: int = 202
     return list(trace)
 
 
+# Verdicts after which a workload never runs (settle mode): the cluster stops waiting for it.
+_NOT_TO_RUN_TYPES = ("workload.rejected.v1", "workload.deactivated.v1")
+_NOT_TO_RUN = tuple(f'"{t}"'.encode() for t in _NOT_TO_RUN_TYPES)
+
+
 @dataclass(slots=True)
 class _State:
     w: SimWorkload
-    status: str = "new"  # new | waiting | starting | running | suspended | done
+    status: str = "new"  # new | waiting | starting | running | suspended | done | not-to-run
     attempt: int = 0
     remaining_s: float | None = None
     started_s: float = 0.0
@@ -130,6 +149,8 @@ class Simulator:
         on_progress: ProgressCallback | None = None,
         progress_every_s: float = 0.5,
         tick_holdback_wall_s: float = 1.0,
+        settle_wall_s: float | None = None,
+        close_books_s: float = 0.0,
     ) -> None:
         self.bootstrap, self.prefix = bootstrap, prefix
         self.workloads = {w.uid: _State(w, remaining_s=w.run_s) for w in workloads}
@@ -146,8 +167,13 @@ class Simulator:
         self.on_progress = on_progress
         self.progress_every_s = progress_every_s
         self.holdback = tick_holdback_wall_s
+        self.settle_wall_s = settle_wall_s
+        self.close_books_s = close_books_s
         self.stats = SimStats()
         self._heap: list[_Item] = []
+        self._scheduled = 0  # items in the heap other than ticks: what will happen without new commands
+        self._last_activity = 0.0  # wall time of the last command or workload event (settle mode)
+        self._sim_now = 0.0  # event time of the last item handled
         self._seq = itertools.count()
         self._wake = asyncio.Event()
         self._seen_actions: set[str] = set()
@@ -160,6 +186,8 @@ class Simulator:
               phase: str = "", extra_wall: float = 0.0) -> None:
         assert self._clock is not None
         due = max(self._clock.wall_for(sim_s) + extra_wall, 0.0)
+        if kind != "tick":
+            self._scheduled += 1
         heapq.heappush(self._heap, _Item(due, sim_s, next(self._seq), kind, uid, attempt, cause, phase))
         self._wake.set()
 
@@ -168,6 +196,7 @@ class Simulator:
         if envelope.event_id in self._seen_actions:
             return
         self._seen_actions.add(envelope.event_id)
+        self._last_activity = time.monotonic()
         payload = envelope.payload
         st = self.workloads.get(getattr(payload, "workload_uid", ""))
         if st is None:
@@ -214,9 +243,18 @@ class Simulator:
         self.stats.events_published += 1
 
     async def _handle(self, item: _Item) -> None:
-        if item.kind == "tick":
+        self._sim_now = max(self._sim_now, item.sim_s)
+        if item.kind == "last-tick":
             await self._emit("qm.clock", "cluster-sim", tick_event(item.sim_s))
             return
+        if item.kind == "tick":
+            await self._emit("qm.clock", "cluster-sim", tick_event(item.sim_s))
+            if self.settle_wall_s is not None and item.sim_s + self.tick_every_s > self.end_s:
+                # past the trace's end time goes on while anything may still happen
+                self._push("tick", item.sim_s + self.tick_every_s, extra_wall=self.holdback)
+            return
+        self._scheduled -= 1
+        self._last_activity = time.monotonic()
         st = self.workloads[item.uid]
         w = st.w
         if item.kind == "submit":
@@ -285,6 +323,43 @@ class Simulator:
                         continue  # not ours to dead-letter; the watcher's consumer does that
                     self.on_action(envelope)
 
+    def _unfinished(self) -> int:
+        """Workloads submitted and not done: waiting, suspended, starting or running."""
+        return sum(1 for s in self.workloads.values() if s.status not in ("new", "done", "not-to-run"))
+
+    def _settled(self, now: float) -> str:
+        """Why a run in settle mode may stop now ("" if it may not): nothing is scheduled past
+        the trace's end, and every workload is done or nothing has happened for a while."""
+        if self._scheduled or self._clock is None or self._clock.sim_at(now) < self.end_s:
+            return ""
+        unfinished = self._unfinished()
+        if not unfinished:
+            return "every workload done"
+        quiet = now - self._last_activity
+        if quiet >= self.settle_wall_s:
+            return f"nothing happened for {quiet:.1f} s; {unfinished} workloads not done (never admitted, or waiting)"
+        return ""
+
+    async def _consume_verdicts(self, consumer: AIOKafkaConsumer) -> None:
+        """Settle mode: note the workloads that will never run (rejected, deactivated). Every
+        other record of qm.workloads is passed over unparsed."""
+        while True:
+            batch = await consumer.getmany(timeout_ms=200)
+            for records in batch.values():
+                for record in records:
+                    if not any(marker in record.value for marker in _NOT_TO_RUN):
+                        continue
+                    try:
+                        envelope = decode(record.value)
+                    except ContractError:
+                        continue  # the services' consumers dead-letter it
+                    st = self.workloads.get(getattr(envelope.payload, "uid", ""))
+                    if st is not None and envelope.event_type in _NOT_TO_RUN_TYPES \
+                            and st.status in ("new", "waiting", "suspended"):
+                        st.status = "not-to-run"
+                        self.stats.not_to_run += 1
+                        self._last_activity = time.monotonic()
+
     async def _progress(self, now_sim: float, *, done: bool = False) -> None:
         self.stats.sim_seconds = now_sim
         self.stats.sim_time = tick_event(now_sim).occurred_at
@@ -295,11 +370,13 @@ class Simulator:
             if asyncio.iscoroutine(result):
                 await result
 
-    async def run(self) -> SimStats:
+    async def _reader_from_now(self, topic: str) -> AIOKafkaConsumer:
+        """A consumer of every partition of one topic, from its end (earlier runs' records are
+        not ours), positioned before anything is published."""
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
                                     auto_offset_reset="earliest")
         await consumer.start()
-        topic = self.prefix + "qm.actions"
+        topic = self.prefix + topic
         partitions = consumer.partitions_for_topic(topic)
         if partitions is None:
             await consumer._client.force_metadata_update()
@@ -307,10 +384,17 @@ class Simulator:
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         consumer.assign(tps)
         if tps:
-            await consumer.seek_to_end(*tps)  # earlier runs' commands are not ours
+            await consumer.seek_to_end(*tps)
             for tp in tps:
-                await consumer.position(tp)  # resolve the offsets before anything is published
-        reader = asyncio.create_task(self._consume_actions(consumer))
+                await consumer.position(tp)
+        return consumer
+
+    async def run(self) -> SimStats:
+        consumers = [await self._reader_from_now("qm.actions")]
+        readers = [asyncio.create_task(self._consume_actions(consumers[0]))]
+        if self.settle_wall_s is not None:
+            consumers.append(await self._reader_from_now("qm.workloads"))
+            readers.append(asyncio.create_task(self._consume_verdicts(consumers[1])))
         try:
             async with Publisher(self.bootstrap, self.prefix) as bus:
                 self._bus = bus
@@ -328,15 +412,27 @@ class Simulator:
                     tick += self.tick_every_s
                 await bus.flush()
                 last_progress = 0.0
+                settling = self.settle_wall_s is not None
+                self._last_activity = time.monotonic()
+                self.stats.stopped_because = "the trace's end"
                 while self._heap:
                     now = time.monotonic()
                     if now - last_progress >= self.progress_every_s:
                         last_progress = now
                         await bus.flush()
-                        await self._progress(min(max(self._clock.sim_at(now), 0.0), self.end_s))
+                        now_sim = max(self._clock.sim_at(now), 0.0)
+                        await self._progress(now_sim if settling else min(now_sim, self.end_s))
+                    if settling and (why := self._settled(now)):
+                        self.stats.stopped_because = why
+                        if self.close_books_s > 0:  # on the tick grid, past every event
+                            last = self._sim_now + self.close_books_s
+                            await self._handle(_Item(now, -(-last // self.tick_every_s) * self.tick_every_s,
+                                                     next(self._seq), "last-tick"))
+                        break
                     head = self._heap[0]
-                    if head.sim_s > self.end_s:
+                    if head.sim_s > self.end_s and not settling:
                         heapq.heappop(self._heap)
+                        self._scheduled -= head.kind != "tick"
                         continue
                     if head.due_wall > now:
                         self._wake.clear()
@@ -344,20 +440,23 @@ class Simulator:
                             await asyncio.wait_for(self._wake.wait(), min(head.due_wall - now, 0.2))
                         except TimeoutError:
                             pass
-                        if reader.done():
-                            reader.result()  # surface a consumer failure
+                        for reader in readers:
+                            if reader.done():
+                                reader.result()  # surface a consumer failure
                         continue
                     heapq.heappop(self._heap)
                     await self._handle(head)
                 await bus.flush()
-                await self._progress(self.end_s, done=True)
+                await self._progress(max(self.end_s, self._sim_now) if settling else self.end_s, done=True)
         finally:
-            reader.cancel()
-            try:
-                await reader
-            except (asyncio.CancelledError, Exception):
-                pass
-            await consumer.stop()
+            for reader in readers:
+                reader.cancel()
+                try:
+                    await reader
+                except (asyncio.CancelledError, Exception):
+                    pass
+            for consumer in consumers:
+                await consumer.stop()
         return self.stats
 
 
@@ -376,6 +475,8 @@ async def run_simulation(
     on_progress: ProgressCallback | None = None,
     progress_every_s: float = 0.5,
     tick_holdback_wall_s: float = 1.0,
+    settle_wall_s: float | None = None,
+    close_books_s: float = 0.0,
     seed: int = 2023,
     count: int = 2000,
 ) -> SimStats:
@@ -383,12 +484,15 @@ async def run_simulation(
     submission). ``trace``: an Alibaba pod-list CSV path, pods, or None for the synthetic trace
     (``count`` pods, ``seed``). ``nodes`` default to the synthetic fleet (use
     services.trace.read_nodes for the real node list). ``on_progress`` (sync or async) gets a
-    copy of the counters every ``progress_every_s`` wall seconds and once at the end."""
+    copy of the counters every ``progress_every_s`` wall seconds and once at the end.
+    ``settle_wall_s``, ``close_books_s``: go on past the end until the cluster settles, then
+    tick once more that far ahead (see the module's text)."""
     pods = load_trace(trace, seed=seed, count=count)
     workloads = workloads_from_trace(pods, start_s=start_s, duration_s=duration_s)
     simulator = Simulator(
         bootstrap, prefix, workloads, speed=speed, duration_s=duration_s, tick_every_s=tick_every_s,
         start_delay_s=start_delay_s, nodes=synthetic_nodes() if nodes is None else nodes, namespaces=namespaces,
         on_progress=on_progress, progress_every_s=progress_every_s, tick_holdback_wall_s=tick_holdback_wall_s,
+        settle_wall_s=settle_wall_s, close_books_s=close_books_s,
     )
     return await simulator.run()

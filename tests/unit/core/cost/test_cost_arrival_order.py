@@ -104,7 +104,7 @@ def test_late_and_reordered_arrival_gives_the_in_order_totals(plans, data):
             clock += HOUR
             delivered.append(ClockTick(f"tick-{clock}", clock))
         delivered.append(events[i])
-    close_delay_ms = data.draw(st.sampled_from([0, 5 * MINUTE]))
+    close_delay_ms = data.draw(st.sampled_from([0, 5 * MINUTE, 3 * HOUR]))
     delivered.append(ClockTick("final", end_ms + close_delay_ms))
     state = initial_state(CostSettings(close_delay_ms=close_delay_ms))
     outputs = fold(delivered, state)[1]

@@ -18,6 +18,7 @@ from services.core.cost import (
     LedgerRow,
     UsageKind,
     apply,
+    apply_tracked,
     focus_record,
     fold,
     initial_state,
@@ -103,6 +104,20 @@ def test_rows_wait_for_the_hour_to_close_and_close_delay_is_respected():
         state, outputs = apply(state, event)
         emitted.append(len(rows(outputs)))
     assert emitted == [0, 0, 0, 1]
+
+
+def test_a_tick_leaves_alone_the_books_none_of_whose_hours_close_yet():
+    """With a close delay every workload seen within it is active at every tick; a tick that
+    closes none of its hours must not name its book as changed (the shell stores those)."""
+    state = initial_state(CostSettings(close_delay_ms=3 * HOUR))
+    events = Stream().run("early", gpus=1, at_="07:30").run("late", gpus=1, at_="10:30").events
+    for event in events:
+        state, _ = apply(state, event)
+    state, outputs, changed = apply_tracked(state, ClockTick("t-11", at("11:00")))  # closes through 08:00
+    assert [row.workload_uid for row in rows(outputs)] == ["early"]
+    assert changed == ("early",)
+    _, outputs, _ = apply_tracked(state, ClockTick("t-14", at("14:00")))  # through 11:00: both
+    assert sorted({row.workload_uid for row in rows(outputs)}) == ["early", "late"]
 
 
 def test_per_pod_running_and_idle_for_a_gang_whose_pods_start_at_different_times():
