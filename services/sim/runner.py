@@ -20,13 +20,12 @@ A run ends at ``duration_s`` (default: the last submission plus a tick), droppin
 happen later. With ``settle_wall_s`` it goes on instead, as a cluster would: it keeps ticking,
 answers admits that come late and runs their pods to their end, and stops once nothing is
 scheduled and every workload is done, or nothing happened for ``settle_wall_s`` wall seconds
-(workloads that never get admitted, e.g. too big for any queue). A last tick then moves time
-``close_books_s`` further, so that a ledger which closes hours late (CostSettings
-closeDelaySeconds) closes the last ones too. It reads the verdicts on
-``qm.workloads`` for that: a workload rejected by policy or deactivated will not run, as a Job
-a validating webhook refused is never created. A replay compressed
-300,000-fold needs this: a second of decision latency is 83 trace hours, and a reservation the
-cluster never ran would be billed reserved-idle to the end.
+(workloads that never get admitted, e.g. too big for any queue). A workload rejected by policy
+or deactivated counts as done, as a Job a validating webhook refused is never created: it reads
+those verdicts on ``qm.workloads``. A last tick then moves time ``close_books_s`` further, so
+that a ledger which closes hours late (CostSettings closeDelaySeconds) closes the last ones
+too. A replay compressed 300,000-fold needs this: a second of decision latency is 83 trace
+hours, and a reservation the cluster never ran would be billed reserved-idle to the end.
 """
 
 from __future__ import annotations
@@ -244,9 +243,6 @@ class Simulator:
 
     async def _handle(self, item: _Item) -> None:
         self._sim_now = max(self._sim_now, item.sim_s)
-        if item.kind == "last-tick":
-            await self._emit("qm.clock", "cluster-sim", tick_event(item.sim_s))
-            return
         if item.kind == "tick":
             await self._emit("qm.clock", "cluster-sim", tick_event(item.sim_s))
             if self.settle_wall_s is not None and item.sim_s + self.tick_every_s > self.end_s:
@@ -426,8 +422,8 @@ class Simulator:
                         self.stats.stopped_because = why
                         if self.close_books_s > 0:  # on the tick grid, past every event
                             last = self._sim_now + self.close_books_s
-                            await self._handle(_Item(now, -(-last // self.tick_every_s) * self.tick_every_s,
-                                                     next(self._seq), "last-tick"))
+                            self._sim_now = -(-last // self.tick_every_s) * self.tick_every_s
+                            await self._emit("qm.clock", "cluster-sim", tick_event(self._sim_now))
                         break
                     head = self._heap[0]
                     if head.sim_s > self.end_s and not settling:
