@@ -46,9 +46,10 @@ BOOTSTRAP = os.environ.get("QM_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
 # -- the record of where and on what a figure was measured ---------------------------------
 
 
-def _git(*args: str) -> str:
+def _git(*args: str, strip: bool = True) -> str:
     try:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout
+        return out.strip() if strip else out
     except (OSError, subprocess.TimeoutExpired):
         return ""
 
@@ -64,7 +65,7 @@ def machine() -> dict[str, Any]:
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemTotal:"):
             mem = round(int(line.split()[1]) / 2**20, 1)
-    dirty = _git("status", "--porcelain")
+    dirty = _git("status", "--porcelain", strip=False)  # unstripped: each line's status columns lead it
     return {
         "cpus": os.cpu_count(),
         "memory_gib": mem,
@@ -75,7 +76,7 @@ def machine() -> dict[str, Any]:
         "orjson": version("orjson"),
         "kafka": kafka_version(),
         "git_commit": _git("rev-parse", "HEAD") or None,
-        "git_dirty": bool(dirty),
+        "git_dirty": bool(dirty.strip()),
         "git_dirty_paths": [line[3:] for line in dirty.splitlines()][:40],
         # which uncommitted edits the run saw (the same diff gives the same digest)
         "git_diff_sha256": hashlib.sha256(_git("diff", "HEAD").encode()).hexdigest()[:16] if dirty else None,
