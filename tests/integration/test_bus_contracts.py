@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from services.adapters.bus import Publisher, read_envelopes
-from services.contracts.codec import decode
+from services.adapters.live_replica import APPLIED, LiveReplica
+from services.contracts.codec import decode, make_envelope
+from services.contracts.events import NamespaceLabels, NodeCapacity
 
 pytestmark = pytest.mark.kafka
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "schemas" / "examples" / "valid").glob("*.json"))
@@ -21,3 +26,42 @@ async def test_every_event_type_round_trips_through_kafka(kafka_bootstrap, topic
         await bus.flush()
     received = [env async for _, env in read_envelopes(kafka_bootstrap, topic_prefix + "qm.cluster")]
     assert sorted(received, key=lambda e: e.event_id) == sorted(sent, key=lambda e: e.event_id)
+
+
+async def test_a_replica_applies_only_its_types_and_outlives_unreadable_records(kafka_bootstrap, topic_prefix):
+    """follow() passes over, unparsed, records that name none of its types; a record that names
+    one but cannot be read is logged and skipped, and what follows it is still applied. The lazy
+    replica (the cost service's) still catches up, and still sees what is published after."""
+    sent = [decode(p.read_bytes()) for p in EXAMPLES]
+    labels = [e for e in sent if isinstance(e.payload, NamespaceLabels)]
+    nodes = [e for e in sent if isinstance(e.payload, NodeCapacity)]
+    assert labels and nodes
+    async with Publisher(kafka_bootstrap, topic_prefix) as bus:
+        await bus.publish_raw("qm.cluster", b"k", b'{"event_type": "namespace.labels.v1", "broken"')  # names it, unreadable
+        await bus.publish_raw("qm.cluster", b"k", b"not json at all")
+        for envelope in sent:
+            await bus.publish("qm.cluster", "k", envelope)  # one partition: the order is kept
+        await bus.flush()
+    replica = LiveReplica(kafka_bootstrap, {"qm.cluster": topic_prefix + "qm.cluster"}, behind_by_ms=200)
+    applied: list = []
+    original_apply = replica.apply
+    replica.apply = lambda payload: (applied.append(payload), original_apply(payload))
+    follower = asyncio.create_task(replica.run())
+    try:
+        await asyncio.wait_for(replica.caught_up.wait(), 30)
+        assert applied == [e.payload for e in sent if e.event_type in APPLIED]
+        assert replica.namespace(labels[0].payload.namespace) is not None
+        later = dataclasses.replace(labels[0].payload, namespace="arrived-later", labels={"team": "late"})
+        async with Publisher(kafka_bootstrap, topic_prefix) as bus:
+            await bus.publish("qm.cluster", "k", make_envelope(later, producer="test", occurred_at=labels[0].occurred_at,
+                                                               identity=("later",)))
+            await bus.flush()
+        for _ in range(100):
+            if replica.namespace("arrived-later"):
+                break
+            await asyncio.sleep(0.05)
+        assert replica.namespace("arrived-later")["metadata"]["labels"] == {"team": "late"}
+    finally:
+        follower.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await follower
