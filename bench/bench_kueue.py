@@ -79,6 +79,7 @@ from common import (  # noqa: E402
     topic_end_offsets,
     write_result,
 )
+from hops import hops_line, read_finish_hops  # noqa: E402
 
 from services.demo.stack import SERVICES  # noqa: E402
 from services.sim.kueue_scenarios import (  # noqa: E402
@@ -190,6 +191,7 @@ async def run(scenario: KueueScenario, args: argparse.Namespace) -> dict:
         outcome = "all finished" if complete else ("SERVICE EXITED" if exited else "STALLED" if stalled else "TIMEOUT")
         progress(f"{outcome}; stopping the services", force=True)
         stack.read_peak_memory()
+        hops = await read_finish_hops(stack.bootstrap, stack.prefix)  # before the topics go
     elapsed = ran_s
 
     # Time to admission per class, over the workloads that were admitted.
@@ -234,6 +236,7 @@ async def run(scenario: KueueScenario, args: argparse.Namespace) -> dict:
         "usage_max_pct": round(100 * max(usage.values()), 1),
         "time_to_admission": classes,
         "submit_lag_s": {"p50": pct(lags, 0.5), "p99": pct(lags, 0.99), "max": lags[-1] if lags else None},
+        "finish_hops": hops,
         "bus_records": {t.removeprefix(stack.prefix): n for t, n in bus.items()},
         "uncommitted_at_end": {g: {t.removeprefix(stack.prefix): n for t, n in (per or {}).items()}
                                for g, per in backlog.items()},
@@ -289,7 +292,7 @@ async def main_async(args: argparse.Namespace) -> int:
               f"load {result['load_before']} → {result['load_after']})\n")  # fmt: skip
         print_rows(result["summary_rows"])
         print(f"\nevictions {result['evictions']}, submit lag p99 {result['submit_lag_s']['p99']} s, "
-              f"peak memory MiB {result['peak_memory_mib']}\nwritten {path}")  # fmt: skip
+              f"peak memory MiB {result['peak_memory_mib']}\n{hops_line(result['finish_hops'])}\nwritten {path}")  # fmt: skip
         for label, prof in (result.get("profile") or {}).items():
             print(f"\nprofile {label}: {prof.get('samples')} samples; own time top: "
                   + ", ".join(f"{f} {p}%" for f, p in prof.get("own_pct", [])[:8]))

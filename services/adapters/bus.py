@@ -170,6 +170,7 @@ class RawRecord:
     key: bytes | None
     value: bytes
     headers: tuple[tuple[str, bytes], ...]
+    timestamp_ms: int = 0  # the record's timestamp (its producer's send time, Kafka's CreateTime)
 
 
 async def read_topic(bootstrap: str, topic: str, *, idle_timeout_s: float = 1.0) -> AsyncIterator[RawRecord]:
@@ -207,7 +208,7 @@ async def read_topic(bootstrap: str, topic: str, *, idle_timeout_s: float = 1.0)
             for tp, records in batch.items():
                 for r in records:
                     if r.offset < end[tp]:
-                        yield RawRecord(r.topic, r.partition, r.offset, r.key, r.value, tuple(r.headers or ()))
+                        yield RawRecord(r.topic, r.partition, r.offset, r.key, r.value, tuple(r.headers or ()), r.timestamp)
                 if records and records[-1].offset + 1 >= end[tp]:
                     remaining.discard(tp)
     finally:

@@ -1,0 +1,95 @@
+"""How long the two hops between a finish and the quota it frees take, read back from the bus.
+
+A finished pod frees its quota only once two hops have passed:
+* admission's fact lane forwards the cluster's `workload.finished.v1` from `qm.cluster` onto
+  the cohort's stream on `qm.workloads` (ADR 0023, ADR 0026);
+* the queue-manager applies it and writes `workload.released.v1` (and, in the same step or at
+  its next drain, the reservations that use the quota).
+
+Both are measured from the records' own timestamps (each producer's send time), so they include
+every queue in between: the broker, the fetch, and the records ahead in the service's batch. By
+phase (the finishes of each `window_s` of the run), because a service that keeps up most of the
+run and falls behind in its last seconds shows only there: in kueue-baseline the small
+workloads run last, in a burst, and the queue-manager's hop grows from ~40 ms to ~400 ms.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from services.adapters.bus import read_topic
+
+FINISHED = b"workload.finished.v1"
+RELEASED = b"workload.released.v1"
+
+
+def _uid(value: bytes) -> str | None:
+    try:
+        return orjson.loads(value)["payload"]["uid"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return None
+
+
+def _stats(values: list[float]) -> dict[str, Any]:
+    values = sorted(values)
+    n = len(values)
+    if not n:
+        return {"n": 0, "p50_ms": None, "p90_ms": None}
+    return {"n": n, "p50_ms": round(1000 * values[n // 2]), "p90_ms": round(1000 * values[min(n - 1, int(0.9 * n))])}
+
+
+def finish_hops(cluster: list[tuple[float, bytes]], workloads: list[tuple[float, bytes]],
+                window_s: float = 5.0) -> dict[str, Any]:
+    """`cluster`, `workloads`: (timestamp s, value) of every record of qm.cluster / qm.workloads.
+    Per workload's first finish: forwarded (qm.cluster → qm.workloads) and released (the
+    forwarded finish → the queue-manager's release), overall and per window of the run."""
+    if not cluster:
+        return {}
+    start = min(t for t, _ in cluster)
+    finished_at = {}  # uid -> when the cluster said so
+    for t, value in cluster:
+        if FINISHED in value and (uid := _uid(value)) is not None:
+            finished_at.setdefault(uid, t)
+    forwarded_at = {}
+    released_at = {}
+    for t, value in workloads:
+        if FINISHED in value and (uid := _uid(value)) in finished_at:
+            forwarded_at.setdefault(uid, t)
+        elif RELEASED in value and b'"Finished"' in value and (uid := _uid(value)) is not None:
+            released_at.setdefault(uid, t)
+    forwarding, releasing = [], []
+    phases: dict[int, tuple[list[float], list[float]]] = {}
+    for uid, forwarded in forwarded_at.items():
+        phase = phases.setdefault(int((finished_at[uid] - start) // window_s), ([], []))
+        forwarding.append(forwarded - finished_at[uid])
+        phase[0].append(forwarded - finished_at[uid])
+        if uid in released_at:
+            releasing.append(released_at[uid] - forwarded)
+            phase[1].append(released_at[uid] - forwarded)
+    return {
+        "forwarded_by_admission": _stats(forwarding),
+        "released_by_queue_manager": _stats(releasing),
+        "by_phase": [{"finished_from_s": k * window_s, "forwarded": _stats(f), "released": _stats(r)}
+                     for k, (f, r) in sorted(phases.items())],
+    }
+
+
+async def read_finish_hops(bootstrap: str, prefix: str, window_s: float = 5.0) -> dict[str, Any]:
+    """finish_hops over what the topics hold now (read before they are deleted)."""
+    async def timed(topic: str, *markers: bytes) -> list[tuple[float, bytes]]:
+        return [(r.timestamp_ms / 1000, r.value) async for r in read_topic(bootstrap, prefix + topic)
+                if any(m in r.value for m in markers)]
+    return finish_hops(await timed("qm.cluster", FINISHED), await timed("qm.workloads", FINISHED, RELEASED), window_s)
+
+
+def hops_line(hops: dict[str, Any]) -> str:
+    """One line for a run's output: the overall hops, and the phase where the release took longest."""
+    if not hops:
+        return "finish hops: no finishes"
+    worst = max(hops["by_phase"], key=lambda p: p["released"]["p50_ms"] or 0)
+    f, r = hops["forwarded_by_admission"], hops["released_by_queue_manager"]
+    return (f"finish hops (p50 / p90): admission forwards in {f['p50_ms']} / {f['p90_ms']} ms, the queue-manager "
+            f"releases in {r['p50_ms']} / {r['p90_ms']} ms; slowest release in the finishes from "
+            f"{worst['finished_from_s']:g} s: {worst['released']['p50_ms']} / {worst['released']['p90_ms']} ms")
