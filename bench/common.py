@@ -37,7 +37,7 @@ from aiokafka.admin import AIOKafkaAdminClient  # noqa: E402
 
 from services.adapters import bus  # noqa: E402
 from services.adapters.bus import create_topics  # noqa: E402
-from services.demo.stack import Stack, cost_nice, free_base_port  # noqa: E402
+from services.demo.stack import SERVICES, Stack, free_base_port, service_nice  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 BOOTSTRAP = os.environ.get("QM_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
@@ -82,7 +82,8 @@ def machine() -> dict[str, Any]:
         "git_diff_sha256": hashlib.sha256(_git("diff", "HEAD").encode()).hexdigest()[:16] if dirty else None,
         # the settings the services ran with, where they differ from the defaults
         "settings": {k: v for k, v in sorted(os.environ.items()) if k.startswith("QM_")},
-        "cost_nice": cost_nice(),
+        "cost_nice": service_nice("cost-accounting"),
+        "nice": {service: service_nice(service) for service in SERVICES},  # ADR 0022, ADR 0029
     }
 
 

@@ -1,4 +1,5 @@
-"""The local stack runs the cost service at a lower CPU priority (ADR 0022)."""
+"""On one machine the local stack runs the cost service (and, when told, admission) at a lower CPU
+priority than the queue-manager (ADR 0022, ADR 0029)."""
 
 from __future__ import annotations
 
@@ -8,23 +9,28 @@ import sys
 
 import pytest
 
-from services.demo.stack import cost_nice, lowered_priority
+from services.demo.stack import SERVICES, lowered_priority, service_nice
 
 NICENESS = [sys.executable, "-c", "import os; print(os.nice(0))"]
 
 
-def test_the_cost_service_gives_way_by_ten_unless_told_otherwise(monkeypatch):
+def test_the_cost_service_gives_way_by_ten_and_admission_only_when_told(monkeypatch):
     monkeypatch.delenv("QM_COST_NICE", raising=False)
-    assert cost_nice() == 10
+    monkeypatch.delenv("QM_ADMISSION_NICE", raising=False)
+    assert {s: service_nice(s) for s in SERVICES} == {
+        "admission": 0, "queue-manager": 0, "preemption": 0, "cost-accounting": 10}
     monkeypatch.setenv("QM_COST_NICE", "0")
-    assert cost_nice() == 0
+    monkeypatch.setenv("QM_ADMISSION_NICE", "5")
+    assert {s: service_nice(s) for s in SERVICES} == {
+        "admission": 5, "queue-manager": 0, "preemption": 0, "cost-accounting": 0}
 
 
+@pytest.mark.parametrize("variable, service", [("QM_COST_NICE", "cost-accounting"), ("QM_ADMISSION_NICE", "admission")])
 @pytest.mark.parametrize("raw", ["ten", "-5", "20"])
-def test_a_bad_niceness_stops_the_stack_and_says_what_is_expected(monkeypatch, raw):
-    monkeypatch.setenv("QM_COST_NICE", raw)
-    with pytest.raises(SystemExit, match=r"QM_COST_NICE=.*expected a niceness from 0 to 19"):
-        cost_nice()
+def test_a_bad_niceness_stops_the_stack_and_says_what_is_expected(monkeypatch, variable, service, raw):
+    monkeypatch.setenv(variable, raw)
+    with pytest.raises(SystemExit, match=rf"{variable}=.*expected a niceness from 0 to 19"):
+        service_nice(service)
 
 
 def test_a_process_started_with_a_lowered_priority_runs_that_much_nicer():
