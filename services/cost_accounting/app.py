@@ -52,8 +52,12 @@ runtime = ServiceRuntime(settings)
 config = load_config(os.environ.get("QM_CONFIG_DIR"))
 # Labels only name a row's cost center and are not ordered with qm.workloads anyway: a quarter
 # of a second behind costs nothing, and spares a fetch per handful of pod facts.
-# QM_LABELS_BEHIND_BY_MS=0: fetch as soon as anything is there.
-LABELS_BEHIND_BY_MS = int(os.environ.get("QM_LABELS_BEHIND_BY_MS", 250))
+# QM_LABELS_BEHIND_BY_MS=0: fetch as soon as anything is there (ADR 0028).
+_behind = os.environ.get("QM_LABELS_BEHIND_BY_MS", "250")
+if not _behind.strip().isdigit():
+    raise SystemExit(f"cost-accounting: QM_LABELS_BEHIND_BY_MS={_behind!r}: expected whole milliseconds, "
+                     "0 or more (0: fetch labels as soon as anything is there)")
+LABELS_BEHIND_BY_MS = int(_behind)
 replica = LiveReplica(settings.kafka_bootstrap, {"qm.cluster": settings.topic("qm.cluster")},
                       behind_by_ms=LABELS_BEHIND_BY_MS or None)
 
