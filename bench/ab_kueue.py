@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import RESULTS, scale_arg  # noqa: E402
+from hops import slowest_release  # noqa: E402
 
 from services.demo.stack import SERVICES  # noqa: E402
 
@@ -92,8 +93,7 @@ def _release_ms(hops: dict) -> str:
     a side from before hops were measured has none."""
     if not hops:
         return "—"
-    worst = max(hops["by_phase"], key=lambda p: p["released"]["p50_ms"] or 0)["released"]["p50_ms"]
-    return f"{hops['released_by_queue_manager']['p50_ms']} / {worst}"
+    return f"{hops['released_by_queue_manager']['p50_ms']} / {slowest_release(hops)['released']['p50_ms']}"
 
 
 def table(rows: list[tuple[str, int, dict]]) -> None:

@@ -82,7 +82,6 @@ def machine() -> dict[str, Any]:
         "git_diff_sha256": hashlib.sha256(_git("diff", "HEAD").encode()).hexdigest()[:16] if dirty else None,
         # the settings the services ran with, where they differ from the defaults
         "settings": {k: v for k, v in sorted(os.environ.items()) if k.startswith("QM_")},
-        "cost_nice": service_nice("cost-accounting"),
         "nice": {service: service_nice(service) for service in SERVICES},  # ADR 0022, ADR 0029
     }
 

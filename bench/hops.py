@@ -84,11 +84,16 @@ async def read_finish_hops(bootstrap: str, prefix: str, window_s: float = 5.0) -
     return finish_hops(await timed("qm.cluster", FINISHED), await timed("qm.workloads", FINISHED, RELEASED), window_s)
 
 
+def slowest_release(hops: dict[str, Any]) -> dict[str, Any]:
+    """The phase whose finishes the queue-manager released slowest (by p50)."""
+    return max(hops["by_phase"], key=lambda p: p["released"]["p50_ms"] or 0)
+
+
 def hops_line(hops: dict[str, Any]) -> str:
     """One line for a run's output: the overall hops, and the phase where the release took longest."""
     if not hops:
         return "finish hops: no finishes"
-    worst = max(hops["by_phase"], key=lambda p: p["released"]["p50_ms"] or 0)
+    worst = slowest_release(hops)
     f, r = hops["forwarded_by_admission"], hops["released_by_queue_manager"]
     return (f"finish hops (p50 / p90): admission forwards in {f['p50_ms']} / {f['p90_ms']} ms, the queue-manager "
             f"releases in {r['p50_ms']} / {r['p90_ms']} ms; slowest release in the finishes from "
