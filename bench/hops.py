@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+from common import pct
 
 from services.adapters.bus import read_topic
 
@@ -34,10 +35,9 @@ def _uid(value: bytes) -> str | None:
 
 def _stats(values: list[float]) -> dict[str, Any]:
     values = sorted(values)
-    n = len(values)
-    if not n:
+    if not values:
         return {"n": 0, "p50_ms": None, "p90_ms": None}
-    return {"n": n, "p50_ms": round(1000 * values[n // 2]), "p90_ms": round(1000 * values[min(n - 1, int(0.9 * n))])}
+    return {"n": len(values), "p50_ms": round(1000 * pct(values, 0.5)), "p90_ms": round(1000 * pct(values, 0.9))}
 
 
 def finish_hops(cluster: list[tuple[float, bytes]], workloads: list[tuple[float, bytes]],
