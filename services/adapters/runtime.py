@@ -21,13 +21,14 @@ from typing import Any
 import faust
 from faust.streams import _current_event as _faust_current_event
 from faust.streams import current_event
+from faust.transport.consumer import ack_lock
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread as _KafkaConsumerThread
 from faust.transport.drivers.aiokafka import Consumer as _KafkaConsumer
 from faust.transport.drivers.aiokafka import ensure_aiokafka_TP
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Info, generate_latest
 
 from services.adapters import logs
-from services.adapters.bus import dlq_headers, read_envelope
+from services.adapters.bus import TypeSieve, dlq_headers, read_envelope
 from services.adapters.gc_tuning import freeze_startup_objects, tune_gc
 from services.adapters.settings import Settings
 from services.contracts.codec import ContractError, Envelope, encode
@@ -49,8 +50,16 @@ REFETCHED_AFTER_REBALANCE = Counter(
     "they are read again from the committed offset",
     ["service", "topic"],
 )
+PASSED_OVER = Counter(
+    "qm_messages_passed_over_total",
+    "Messages of event types the service does not read, dropped on arrival unparsed (ADR 0030)",
+    ["service", "topic"],
+)
 EVENT_LOOP = Info("qm_event_loop", "The asyncio event loop this worker runs on (QM_EVENT_LOOP, ADR 0019)")
 
+# Drop, on arrival, records of event types no handler of the topic reads (ADR 0030); 0 hands
+# every record to faust, as before.
+PASS_OVER_UNREAD = os.environ.get("QM_PASS_OVER_UNREAD", "1") != "0"
 # How many recent event ids each table key remembers. Redelivery after a crash only replays
 # what was consumed since the last offset commit (a few seconds), far fewer than this per key.
 SEEN_WINDOW = 4096
@@ -201,14 +210,39 @@ class _HandledOnlyConsumer(_KafkaConsumer):
     def _new_consumer_thread(self) -> Any:
         return _ShortFetchConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
+    async def _getmany(self, active_partitions: Any, timeout: float) -> Any:
+        records = await super()._getmany(active_partitions, timeout)
+        runtime = getattr(self.app, "qm_runtime", None)
+        return runtime.pass_over_unread(records) if runtime is not None and records else records
+
+    async def _add_gap(self, tp: Any, offset_from: int, offset_to: int) -> None:
+        """faust calls this when a fetch's records skip offsets, and counts them acknowledged
+        at once (the record that follows them too). On a `consume()`d topic the skipped
+        records are ones `ServiceRuntime.pass_over_unread` dropped: they are acknowledged with
+        the record that follows them, once that one is handled (see `ack`)."""
+        if tp.topic not in getattr(self.app, "qm_guarded_topics", ()):
+            await super()._add_gap(tp, offset_from, offset_to)
+
     def ack(self, message: Any) -> bool:
         app = self.app
         guarded = getattr(app, "qm_guarded_topics", ())
-        if message.topic in guarded and message not in app.qm_handled:
+        if message.topic not in guarded:
+            return super().ack(message)
+        if message not in app.qm_handled:
             message.acked = True
             self._unacked_messages.discard(message)
             return False
-        return super().ack(message)
+        acked = super().ack(message)
+        dropped_from = app.qm_runtime.dropped_before(message.tp, message.offset)
+        if acked and dropped_from is not None:
+            with ack_lock:  # the records dropped right before it: as faust's ack() books one
+                committed = self._committed_offset[message.tp]
+                index, offsets = self._acked_index[message.tp], self._acked[message.tp]
+                for offset in range(dropped_from, message.offset):
+                    if (committed is None or offset >= committed) and offset not in index:
+                        index.add(offset)
+                        offsets.append(offset)
+        return acked
 
     async def seek_to_committed(self) -> Any:
         """Position every assigned partition where its agent's applied-offset cursor says
@@ -357,6 +391,11 @@ class ServiceRuntime:
         self._in_flight: dict[int, int] = {}  # agent (id of its first cursor table) -> batches under way
         self._owners: dict[str, int] = {}  # consumed topic -> the agent that applies it
         self._base_names: dict[str, str] = {}  # consumed topic -> its topics.yaml name
+        self._sieves: dict[str, TypeSieve] = {}  # consumed topic -> what its handler does not read
+        # tp -> {offset of a delivered record: first offset of the records dropped right before it}
+        self._passed_over: dict[Any, dict[int, int]] = {}
+        # (tp, offset) of a handled record -> first offset of the dropped run before it (to ack)
+        self._dropped_before: dict[tuple[Any, int], int] = {}
         self.store_interval_s = STORE_INTERVAL_S
         # checked every second at most: a value on a quiet stream is stored within a second of
         # falling due, not a whole interval later
@@ -427,6 +466,9 @@ class ServiceRuntime:
         runtime = self
 
         wanted = None if reads is None else frozenset(record.EVENT_TYPE for record in reads)
+        if wanted is not None and PASS_OVER_UNREAD:
+            for name in names:
+                self._sieves[self.settings.topic(name)] = TypeSieve(wanted)
 
         async def handle(event) -> None:
             topic_name = runtime._base_names.get(event.message.topic, label)
@@ -507,10 +549,12 @@ class ServiceRuntime:
                     continue  # fetched before a rebalance: read again after it
                 tp, offset = event.message.tp, event.message.offset
                 expected = batch.next_offsets[tp][0] if tp in batch.next_offsets else self._next_offset.get(tp)
+                dropped = self._passed_over.get(tp)
+                follows = dropped.pop(offset, offset) if dropped else offset  # records nobody reads
                 if expected is not None and offset < expected:
                     handled.append(event)  # applied before
                     continue
-                if expected is not None and offset > expected:
+                if expected is not None and follows > expected:
                     await self._rewind(tp, expected, offset, label)
                     continue
                 self._rewinding.pop(tp, None)
@@ -522,6 +566,8 @@ class ServiceRuntime:
                 finally:
                     _faust_current_event.reset(current)
                 handled.append(event)
+                if follows < offset:
+                    self._dropped_before[(tp, offset)] = follows
                 batch.next_offsets[tp] = (offset + 1, event)
                 batch.first_offsets.setdefault(tp, offset)
             if not all(self._still_owned(event) for event in handled):
@@ -728,6 +774,39 @@ class ServiceRuntime:
                 self._rewinding[tp] = (expected, now)
                 await self.app.consumer.seek_safely(tp, expected)
 
+    def pass_over_unread(self, records: dict[Any, list[Any]]) -> dict[Any, list[Any]]:
+        """A fetch's records without those no handler reads (see TypeSieve), noting for the
+        record after each dropped run where the run began, so that `process` knows the gap was
+        read. The last record of each partition is always kept: the cursor and the committed
+        offset then reach the end of what was fetched."""
+        for tp, fetched in records.items():
+            sieve = self._sieves.get(tp.topic)
+            if sieve is None or len(fetched) < 2:
+                continue
+            kept, run_from, last = [], None, fetched[-1]
+            dropped = self._passed_over.setdefault(tp, {})
+            for record in fetched:
+                if record is not last and sieve.unread(record.value):
+                    if run_from is None:
+                        run_from = record.offset
+                    continue
+                if run_from is not None:
+                    dropped[record.offset] = run_from
+                    run_from = None
+                kept.append(record)
+            if len(kept) < len(fetched):
+                records[tp] = kept
+                topic = self._base_names.get(tp.topic, tp.topic)
+                MESSAGES_CONSUMED.labels(self.settings.service, topic).inc(len(fetched) - len(kept))
+                PASSED_OVER.labels(self.settings.service, topic).inc(len(fetched) - len(kept))
+            if len(dropped) > 100_000:  # left behind by batches a rebalance overtook
+                dropped.clear()  # at worst, a partition is read again from its cursor
+        return records
+
+    def dropped_before(self, tp: Any, offset: int) -> int | None:
+        """The first offset of the dropped records a handled record follows (None: none), once."""
+        return self._dropped_before.pop((tp, offset), None) if self._dropped_before else None
+
     def unstarted(self, committed: dict[Any, int | None]) -> list[Any]:
         """Assigned partitions with neither a stored cursor nor a committed offset."""
         return [tp for tp, offset in committed.items()
@@ -741,6 +820,8 @@ class ServiceRuntime:
         Called by the consumer after every assignment, once the tables are recovered."""
         self._next_offset.clear()
         self._rewinding.clear()
+        self._passed_over.clear()
+        self._dropped_before.clear()
         # Unstored values of partitions gone elsewhere are their new owner's to rebuild.
         self._unstored = {k: u for k, u in self._unstored.items() if u.tp in committed}
         positions = {}

@@ -12,12 +12,21 @@ from pathlib import Path
 
 import pytest
 import yaml
+from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient
 
-from services.adapters.bus import Publisher, read_envelopes
+from services.adapters.bus import Publisher, read_envelopes, read_topic
 from services.adapters.kueue_config import KueueConfig
 from services.admission.cohort_stream import cohort_stream_outputs
 from services.contracts.codec import make_envelope
-from services.contracts.events import ClockTick, NodeCapacity, PodRunning, WorkloadFinished, WorkloadValidated
+from services.contracts.events import (
+    ClockTick,
+    NamespaceLabels,
+    NodeCapacity,
+    PodRunning,
+    WorkloadFinished,
+    WorkloadValidated,
+)
 from services.queue_manager.state import Context, apply
 from tests.integration.processes import kill_when_written, start_worker
 from tests.integration.test_worker_recovery import wait_for
@@ -99,6 +108,75 @@ async def test_seed_flow_reserve_pending_run_expire(kafka_bootstrap, topic_prefi
     actions = await events_on(kafka_bootstrap, topic_prefix + "qm.actions")
     assert sorted(a.payload.name for a in actions) == ["train-4", "used"]
     assert all(a.payload.node_selector == {"gpu.nvidia.com/class": "a100"} for a in actions)
+
+
+async def uncommitted(bootstrap: str, group: str, topic: str) -> int:
+    """Records of `topic` the group has not committed (end offset - committed, summed)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await admin.start()
+    await consumer.start()
+    try:
+        committed = {tp: meta.offset for tp, meta in (await admin.list_consumer_group_offsets(group)).items()
+                     if tp.topic == topic}
+        ends = await consumer.end_offsets(list(committed)) if committed else {}
+        return sum(ends[tp] - committed[tp] for tp in committed) if committed else -1
+    finally:
+        await consumer.stop()
+        await admin.close()
+
+
+async def test_records_nobody_reads_are_dropped_on_arrival_and_still_committed(kafka_bootstrap, topic_prefix,
+                                                                                tmp_path):
+    """ADR 0030: a backlog where three of every four records are of a type the queue-manager does
+    not read. They are dropped before faust delivers them, the gaps they leave are not taken
+    for skipped events (no partition is read again), every submission is decided, the group's
+    committed offset reaches the end of the topic, and what cannot be read is still
+    dead-lettered. (A filler naming a wanted type in its payload is delivered, then passed over
+    once parsed.)"""
+    def unread(i: int, note: str = "") -> object:
+        return make_envelope(NamespaceLabels(namespace=f"ns-{i}", labels={"note": note or f"filler {i}"}),
+                             producer="test", occurred_at="2026-11-29T10:00:00Z", identity=("filler", i, note))
+
+    async with Publisher(kafka_bootstrap, topic_prefix) as bus:  # the backlog waits for the worker
+        for i in range(8):
+            await bus.publish("qm.workloads", "gpu-queue", validated(f"w{i}", 4))
+            for j in range(3):
+                await bus.publish("qm.workloads", "gpu-queue", unread(10 * i + j))
+        await bus.publish_raw("qm.workloads", b"gpu-queue", b"{not json")
+        await bus.publish("qm.workloads", "gpu-queue", unread(99, note="workload.validated.v1"))  # delivered
+        await bus.publish("qm.workloads", "gpu-queue", validated("w8", 4, at="2026-11-29T10:00:01Z"))
+        await bus.publish("qm.workloads", "gpu-queue", unread(100))
+        await bus.flush()
+    environment = env(topic_prefix, tmp_path, SEED)
+    worker = start_worker("services.queue_manager", environment, tmp_path / "qm.log")
+    group = f"qm-queue-manager{environment['QM_APP_ID_SUFFIX']}"
+    topic = topic_prefix + "qm.workloads"
+    try:
+        worker.wait_ready()
+
+        async def all_decided():
+            trail = await events_on(kafka_bootstrap, topic)
+            return sum(e.event_type in ("workload.quota_reserved.v1", "workload.pending.v1") for e in trail) >= 9
+
+        await wait_for(all_decided, 60, "a decision for each of the nine submissions")
+
+        async def all_committed():  # its own decisions, at the end of the topic, included
+            return await uncommitted(kafka_bootstrap, group, topic) == 0
+
+        await wait_for(all_committed, 60, "the group's committed offset to reach the end of qm.workloads")
+        metrics = worker.metrics()
+    finally:
+        worker.stop()
+    trail = await events_on(kafka_bootstrap, topic)
+    assert sorted(e.payload.name for e in trail if e.event_type == "workload.quota_reserved.v1") == \
+        [f"w{i}" for i in range(8)]  # 32 GPUs of nominal quota: eight of 4
+    assert [e.payload.name for e in trail if e.event_type == "workload.pending.v1"] == ["w8"]
+    passed_over = [line for line in metrics.splitlines() if line.startswith("qm_messages_passed_over_total{")]
+    assert passed_over and float(passed_over[0].split()[-1]) >= 20, passed_over  # of the 25 fillers
+    assert "qm_partition_rewinds_total{" not in metrics  # no gap was taken for a skipped event
+    dead = [r async for r in read_topic(kafka_bootstrap, topic + ".dlq")]
+    assert [r.value for r in dead] == [b"{not json"]
 
 
 def cohort_config(directory: Path, cohorts: int = 3, queues: int = 2) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from services.adapters.bus import TypeSieve
 from services.adapters.runtime import read_envelope
 from services.contracts.codec import ContractError, encode, make_envelope
 from services.contracts.events import ClockTick, WorkloadFinished
@@ -39,3 +40,27 @@ def test_unreadable_messages_are_still_refused_whatever_the_filter():
     del broken["payload"]["uid"]
     with pytest.raises(ContractError, match="uid"):
         read_envelope(orjson.dumps(broken), READS_FINISHES)
+
+
+TICK = encode(make_envelope(ClockTick(at="2026-11-29T10:00:00Z", source="test"), producer="test",
+                            occurred_at="2026-11-29T10:00:00Z"))
+
+
+def test_the_sieve_drops_only_what_the_reader_would_pass_over_anyway():
+    """ADR 0030: judged on the bytes, before any parse."""
+    sieve = TypeSieve(READS_FINISHES)
+    assert sieve.unread(TICK)  # a known type the reader does not read
+    assert read_envelope(TICK, READS_FINISHES) is None  # ...which it would pass over once parsed
+    assert not sieve.unread(FINISHED)  # a type it reads
+
+
+def test_the_sieve_delivers_whatever_might_concern_the_reader_or_be_unreadable():
+    sieve = TypeSieve(READS_FINISHES)
+    mentions = orjson.loads(TICK)
+    mentions["payload"]["source"] = WorkloadFinished.EVENT_TYPE  # a wanted type's name, anywhere
+    unknown = orjson.loads(TICK)
+    unknown["event_type"] = "workload.teleported.v1"
+    for value in (orjson.dumps(mentions), orjson.dumps(unknown), b"{not json", b"", None,
+                  b'{"event_id":"x","payload":{}}'):
+        assert not sieve.unread(value), value  # read_envelope decides (or dead-letters)
+    assert not TypeSieve(frozenset({ClockTick.EVENT_TYPE, WorkloadFinished.EVENT_TYPE})).unread(TICK)

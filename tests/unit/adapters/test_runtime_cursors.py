@@ -11,10 +11,11 @@ import pytest
 from faust.streams import _current_event
 from faust.types import TP
 
+from services.adapters.bus import TypeSieve
 from services.adapters.runtime import ServiceRuntime
 from services.adapters.settings import Settings
-from services.contracts.codec import make_envelope
-from services.contracts.events import WorkloadFinished
+from services.contracts.codec import encode, make_envelope
+from services.contracts.events import ClockTick, WorkloadFinished
 
 
 class FakeConsumer:
@@ -94,6 +95,45 @@ async def test_events_fetched_in_an_earlier_generation_are_left_alone(runtime):
     await runtime.process(batch, handle, "qm.workloads")
     assert applied == []
     assert not any(e.message in runtime.app.qm_handled for e in batch)
+
+
+class Record:
+    """What faust's consumer thread hands over per fetched record (aiokafka's ConsumerRecord)."""
+
+    def __init__(self, offset: int, value: bytes) -> None:
+        self.offset, self.value = offset, value
+
+
+TICK = encode(make_envelope(ClockTick(at="2026-11-29T10:00:00Z", source="test"), producer="test",
+                            occurred_at="2026-11-29T10:00:00Z"))
+FINISH = encode(make_envelope(WorkloadFinished(uid="u", namespace="ns", name="w", succeeded=True,
+                                               finished_at="2026-11-29T10:00:00Z"),
+                              producer="test", occurred_at="2026-11-29T10:00:00Z"))
+
+
+async def test_records_nobody_reads_are_dropped_and_their_gap_is_not_read_again(runtime):
+    """ADR 0030: of a fetch, only records of a type the handler reads reach it (and the last
+    one, whatever it is), and the offsets dropped before a delivered record are not taken for
+    events the consumer skipped."""
+    runtime._sieves[runtime.tp.topic] = TypeSieve(frozenset({WorkloadFinished.EVENT_TYPE}))
+    runtime._cursor_tables[runtime.tp.topic] = cursors = FakeTable("cursors")
+    runtime._next_offset[runtime.tp] = 10
+    values = {10: FINISH, 11: TICK, 12: TICK, 13: FINISH, 14: FINISH, 15: TICK, 16: TICK}
+    fetched = runtime.pass_over_unread({runtime.tp: [Record(o, v) for o, v in values.items()]})
+    assert [r.offset for r in fetched[runtime.tp]] == [10, 13, 14, 16]  # 16: the last is always kept
+    applied = []
+
+    async def handle(event):
+        applied.append(event.message.offset)
+
+    await runtime.process(events(runtime, 10, 13, 14, 16), handle, "qm.workloads", defer=True)
+    assert applied == [10, 13, 14, 16]
+    assert runtime.app.consumer.seeks == []
+    assert cursors.data == {"0": 17}
+    assert runtime._passed_over[runtime.tp] == {}  # each note is used once
+    # A gap no drop explains is still one: the partition is read again from its cursor.
+    await runtime.process(events(runtime, 19), handle, "qm.workloads", defer=True)
+    assert runtime.app.consumer.seeks == [(runtime.tp, 17)]
 
 
 def test_after_an_assignment_the_stored_cursor_wins_over_kafkas_committed_offset(runtime):
