@@ -47,7 +47,7 @@ TICK = encode(make_envelope(ClockTick(at="2026-11-29T10:00:00Z", source="test"),
 
 
 def test_the_sieve_drops_only_what_the_reader_would_pass_over_anyway():
-    """ADR 0030: judged on the bytes, before any parse."""
+    """ADR 0030: dropped on arrival exactly when read_envelope would answer None."""
     sieve = TypeSieve(READS_FINISHES)
     assert sieve.unread(TICK)  # a known type the reader does not read
     assert read_envelope(TICK, READS_FINISHES) is None  # ...which it would pass over once parsed
@@ -60,7 +60,11 @@ def test_the_sieve_delivers_whatever_might_concern_the_reader_or_be_unreadable()
     mentions["payload"]["source"] = WorkloadFinished.EVENT_TYPE  # a wanted type's name, anywhere
     unknown = orjson.loads(TICK)
     unknown["event_type"] = "workload.teleported.v1"
-    for value in (orjson.dumps(mentions), orjson.dumps(unknown), b"{not json", b"", None,
-                  b'{"event_id":"x","payload":{}}'):
-        assert not sieve.unread(value), value  # read_envelope decides (or dead-letters)
+    truncated = TICK[:-2]  # names an unread type, but is not JSON: dead-lettered by the reader
+    for value in (orjson.dumps(mentions), orjson.dumps(unknown), truncated, b"{not json", b"", None,
+                  b'{"event_id":"x","payload":{}}', b'["clock.tick.v1"]'):
+        assert not sieve.unread(value), value
+    with pytest.raises(ContractError, match="not valid JSON"):
+        read_envelope(truncated, READS_FINISHES)
+    assert read_envelope(orjson.dumps(mentions), READS_FINISHES) is None  # delivered, then passed over
     assert not TypeSieve(frozenset({ClockTick.EVENT_TYPE, WorkloadFinished.EVENT_TYPE})).unread(TICK)
