@@ -205,3 +205,18 @@ def test_every_violated_rule_is_reported():
         ("max-32", "deny"),
         ("max-4", "warn"),
     ]
+
+
+def test_one_requests_values_never_leak_into_the_next_one():
+    """The evaluator reuses one CEL context per policy set (its params are converted once); each
+    request overwrites every variable a policy reads, the absent ones (usage, here) included."""
+    ps = policy_set(GPU_MAX_TEMPLATE + gpu_max_constraint())
+    over = usage("ml-team", running=28)
+    assert not evaluate(ps, JOB8, None, over, None, None, "CREATE").allowed
+    assert evaluate(ps, JOB8, None, None, None, None, "CREATE").allowed  # no usage: 0 used, 8 of 32
+    assert not evaluate(ps, JOB8, None, over, None, None, "CREATE").allowed
+    assert evaluate(ps, make_job("small", "ml-team").gpus(1).obj(), None, usage("ml-team", running=24),
+                    None, None, "CREATE").allowed  # 24 + 1: this request's object and usage
+    other = policy_set(GPU_MAX_TEMPLATE + gpu_max_constraint(max_gpu=64))  # another set: its own params
+    assert evaluate(other, JOB8, None, over, None, None, "CREATE").allowed
+    assert not evaluate(ps, JOB8, None, over, None, None, "CREATE").allowed
