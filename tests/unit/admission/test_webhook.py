@@ -215,3 +215,37 @@ async def test_not_ready_without_policy_set(tls_files):
         assert r.status == 503
         r = await client.post("/validate", data=json.dumps(review(job("ml-team"))))
         assert r.status == 503
+
+
+CLUSTER_POLICY = """
+apiVersion: quartermaster.dev/v1alpha1
+kind: AdmissionPolicy
+metadata: {name: busy-cluster}
+spec:
+  enforcementAction: deny
+  matchConstraints:
+    kinds: [{apiGroups: ["batch"], kinds: ["Job"]}]
+    operations: ["CREATE"]
+  validations:
+  - expression: 'cluster.gpuUtilization < 0.9'
+    message: the cluster is busy
+"""
+
+
+async def test_a_policy_that_reads_the_cluster_sees_its_live_signals(tls_files):
+    """The cluster's signals are computed for a request only when some policy reads them."""
+    cert, key = tls_files
+    port = free_port()
+    busy = StaticLiveState.build(namespaces=LIVE.namespaces.values(), cluster={"gpuUtilization": 0.95})
+    quiet = StaticLiveState.build(namespaces=LIVE.namespaces.values(), cluster={"gpuUtilization": 0.5})
+    answers = []
+    for live in (busy, quiet):
+        runner = await serve(make_app(lambda: load(CLUSTER_POLICY), live), "127.0.0.1", port, cert, key)
+        try:
+            ctx = ssl.create_default_context(cafile=str(cert))
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as session:
+                answers.append((await post(session, f"https://127.0.0.1:{port}/validate", review(job("ml-team"))))
+                               ["response"]["allowed"])
+        finally:
+            await runner.cleanup()
+    assert answers == [False, True]
