@@ -149,3 +149,40 @@ async def test_a_fact_the_lane_cannot_route_is_dead_lettered_and_the_lane_goes_o
     await run_until(lane, collected, 2, "the lane to forward the other two")
     assert collected.pods == ["pod-0", "pod-2"]
     assert [(offset, error) for offset, error in collected.dead] == [(1, "handler: RuntimeError: no route for pod-1")]
+
+
+async def test_a_lane_commits_what_it_forwarded_before_its_partitions_move(kafka_bootstrap, topic_prefix, monkeypatch):
+    """Commits are at most once per QM_FACT_LANE_COMMIT_S, and always before a revocation: a
+    second replica joining takes over partitions without forwarding their facts again."""
+    monkeypatch.setattr("services.admission.fact_lane.COMMIT_EVERY_S", 3600.0)  # only the revocation commits
+    topic = topic_prefix + "qm.cluster"
+    async with Publisher(kafka_bootstrap, topic_prefix) as bus:
+        for n in range(24):  # keys over every partition
+            await bus.publish("qm.cluster", f"uid-{n}", pod_running(n))
+        await bus.flush()
+    group = f"lane-{uuid.uuid4().hex[:8]}"
+    first, second = Collected(), Collected()
+    lane_one = FactLane(kafka_bootstrap, topic, group, route, first.send, first.dead_letter)
+    lane_two = FactLane(kafka_bootstrap, topic, group, route, second.send, second.dead_letter)
+    one = asyncio.create_task(lane_one.run())
+    two = None
+    try:
+        async def all_forwarded():
+            return len(first.pods) >= 24
+
+        await wait_for(all_forwarded, 60, "the first lane to forward every fact")
+        assert await committed(kafka_bootstrap, group) == {}  # not due yet
+        two = asyncio.create_task(lane_two.run())
+
+        async def both_joined():
+            return lane_two.joined.is_set() and bool(await committed(kafka_bootstrap, group))
+
+        await wait_for(both_joined, 60, "the second lane to join and the first to commit on revocation")
+        await asyncio.sleep(2)  # the second lane fetches from its partitions' commits
+    finally:
+        for task in (one, two):
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(one, *([two] if two else []), return_exceptions=True)
+    assert sorted(first.pods) == sorted(f"pod-{n}" for n in range(24))
+    assert second.pods == []  # its partitions' facts were committed by the first lane before they moved
