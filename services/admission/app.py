@@ -66,13 +66,11 @@ def decide(submitted: WorkloadSubmitted, cause: Envelope) -> list[Output]:
     key = config.routing_key(submitted.namespace, submitted.queue_name)
     obj = translate.kubernetes_object(submitted)
     namespace_object = replica.namespace(submitted.namespace)
-    policy_set = policies.current()
     decision = evaluate(
-        policy_set, obj, namespace_object,
+        policies.current(), obj, namespace_object,
         usage=replica.usage(submitted.namespace),
         budget=replica.budget(cost_center_of(obj, namespace_object)),
-        # summed over every namespace's usage, which changes all the time: only if a policy reads it
-        cluster=replica.cluster() if "cluster" in policy_set.references else None,
+        cluster=replica.cluster(),
         enforcement_point=EnforcementPoint.BUS,
     )
     if not decision.allowed:

@@ -22,7 +22,6 @@ CEL variables bound for every policy:
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -221,25 +220,9 @@ def _context(
         "usage": lambda: usage_view(usage, namespace),
         "budget": lambda: budget_view(budget),
         "cluster": lambda: cluster_view(cluster),
+        PARAMS_BY_POLICY: lambda: policy_set.bindings.get(PARAMS_BY_POLICY, {}),
+        PARAMS_OBJECT_BY_POLICY: lambda: policy_set.bindings.get(PARAMS_OBJECT_BY_POLICY, {}),
     }
-    # Converting a value into CEL costs ~1.5 µs per string in it; bind only what some policy reads.
-    context = _set_context(policy_set)
-    context.update({name: build() for name, build in builders.items() if name in refs})
-    return context
-
-
-_per_thread = threading.local()
-
-
-def _set_context(policy_set: PolicySet) -> cel.Context:
-    """One cel.Context per policy set and thread, holding what is constant for the set: its
-    params maps and functions. Converting those anew was 36 of the 240 µs an evaluation of
-    policies/library took. Every evaluation then overwrites each request variable some policy
-    reads (None included), so no value of an earlier request stays visible."""
-    held = getattr(_per_thread, "held", None)
-    if held is None or held[0] is not policy_set:
-        constants = {name: policy_set.bindings.get(name, {}) for name in (PARAMS_BY_POLICY, PARAMS_OBJECT_BY_POLICY)
-                     if name in policy_set.references}
-        held = (policy_set, cel.Context(variables=constants, functions=functions_for(policy_set.functions)))
-        _per_thread.held = held
-    return held[1]
+    # Converting a value into CEL costs ~10 µs per KB; bind only what some policy reads.
+    variables = {name: build() for name, build in builders.items() if name in refs}
+    return cel.Context(variables=variables, functions=functions_for(policy_set.functions))

@@ -233,7 +233,7 @@ spec:
 
 
 async def test_a_policy_that_reads_the_cluster_sees_its_live_signals(tls_files):
-    """The cluster's signals are computed for a request only when some policy reads them."""
+    """A policy reading `cluster` judges by the live state's signals."""
     cert, key = tls_files
     port = free_port()
     busy = StaticLiveState.build(namespaces=LIVE.namespaces.values(), cluster={"gpuUtilization": 0.95})

@@ -208,8 +208,9 @@ def test_every_violated_rule_is_reported():
 
 
 def test_one_requests_values_never_leak_into_the_next_one():
-    """The evaluator reuses one CEL context per policy set (its params are converted once); each
-    request overwrites every variable a policy reads, the absent ones (usage, here) included."""
+    """Each evaluation sees its own request's object and usage (an absent usage included), and
+    its policy set's own params, whatever was evaluated before (a guard for any reuse of CEL
+    contexts between requests: wip/admission-cheaper)."""
     ps = policy_set(GPU_MAX_TEMPLATE + gpu_max_constraint())
     over = usage("ml-team", running=28)
     assert not evaluate(ps, JOB8, None, over, None, None, "CREATE").allowed
