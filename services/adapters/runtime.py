@@ -52,7 +52,7 @@ REFETCHED_AFTER_REBALANCE = Counter(
 )
 PASSED_OVER = Counter(
     "qm_messages_passed_over_total",
-    "Messages of event types the service does not read, dropped on arrival unparsed (ADR 0030)",
+    "Messages of event types the service does not read, dropped before faust delivers them (ADR 0030)",
     ["service", "topic"],
 )
 EVENT_LOOP = Info("qm_event_loop", "The asyncio event loop this worker runs on (QM_EVENT_LOOP, ADR 0019)")

@@ -44,7 +44,11 @@ FACTS = Counter("qm_admission_facts_total", "qm.cluster facts the fact lane read
 
 WANTED = frozenset(record.EVENT_TYPE for record in FORWARDED)
 MAX_RECORDS = 1000  # per round: a round's facts are acknowledged together before its commit
-COMMIT_EVERY_S = float(os.environ.get("QM_FACT_LANE_COMMIT_S", 1.0))
+try:
+    COMMIT_EVERY_S = float(os.environ.get("QM_FACT_LANE_COMMIT_S", 1.0))
+except ValueError:
+    raise SystemExit("admission: QM_FACT_LANE_COMMIT_S must be a number of seconds (1 by default; 0 = "
+                     f"commit after every fetch), not {os.environ['QM_FACT_LANE_COMMIT_S']!r}") from None
 
 
 class FactLane:
