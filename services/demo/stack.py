@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -54,22 +55,44 @@ def lowered_priority(nice: int) -> Callable[[], None] | None:
     return lower
 
 
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for the local port of outgoing connections (and of bind to port 0)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def _all_free(base: int, count: int) -> bool:
+    try:
+        for port in range(base, base + count):
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+
+
 def free_base_port(count: int = len(SERVICES)) -> int:
     """A base port with `count` free consecutive ports after it: two stacks on one machine (a
-    demo and a benchmark, say) must never answer each other's readiness checks."""
+    demo and a benchmark, say) must never answer each other's readiness checks.
+
+    Chosen below the kernel's ephemeral range when there is room: a port in that range can be
+    taken as the local port of any outgoing connection between this check and the service's
+    start (CI saw it once: "address already in use" from a service's web server)."""
+    low, _ = _ephemeral_ports()
+    if low - count > 10_000:
+        for _ in range(200):
+            base = random.randrange(10_000, low - count)
+            if _all_free(base, count):
+                return base
     for _ in range(50):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             base = s.getsockname()[1]
-        if base + count >= 65535:
-            continue
-        try:
-            for port in range(base, base + count):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port))
+        if base + count < 65535 and _all_free(base, count):
             return base
-        except OSError:
-            continue
     raise RuntimeError("no free run of ports for the services")
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -21,15 +20,14 @@ from collections.abc import Iterator
 import pytest
 from k8s_harness import FIXTURES, KINDS, TESTCLUSTER, ClusterInfo, apply, load_yaml
 
+from services.demo.stack import free_base_port
 from services.watcher.kube import Credentials, Kube, KubeError, api_client, resource_path
 
 BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd", "kwok")
 
 
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_base_port(1)  # below the ephemeral range: no outgoing connection takes it meanwhile
 
 
 def testcluster_env() -> dict[str, str]:

@@ -1,15 +1,16 @@
 """On one machine the local stack runs the cost service (and, when told, admission) at a lower CPU
-priority than the queue-manager (ADR 0022, ADR 0029)."""
+priority than the queue-manager (ADR 0022, ADR 0029), on web ports nothing else takes meanwhile."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
 import pytest
 
-from services.demo.stack import SERVICES, lowered_priority, service_nice
+from services.demo.stack import SERVICES, _ephemeral_ports, free_base_port, lowered_priority, service_nice
 
 NICENESS = [sys.executable, "-c", "import os; print(os.nice(0))"]
 
@@ -39,3 +40,13 @@ def test_a_process_started_with_a_lowered_priority_runs_that_much_nicer():
     same = subprocess.run(NICENESS, preexec_fn=lowered_priority(0), capture_output=True, text=True, check=True)
     assert int(lowered.stdout) == min(base + 5, 19)
     assert int(same.stdout) == base
+
+
+def test_service_ports_are_chosen_outside_the_range_of_outgoing_connections():
+    """A port from the kernel's ephemeral range can become an outgoing connection's local port
+    before the service binds it (CI once: "address already in use")."""
+    low, _ = _ephemeral_ports()
+    base = free_base_port()
+    assert 10_000 <= base and base + len(SERVICES) <= low
+    with socket.socket() as taken:  # and the run it picks is free
+        taken.bind(("127.0.0.1", base))
