@@ -84,10 +84,10 @@ class FactLane:
             fetch_min_bytes=self.fetch_min_bytes,
         )
         await consumer.start()
-        forwarded: dict[TopicPartition, int] = {}  # next offset per partition, not yet committed
+        uncommitted: dict[TopicPartition, int] = {}  # next offset per partition, forwarded up to it
 
         async def commit_revoked(revoked) -> None:
-            await self._commit(consumer, {tp: forwarded.pop(tp) for tp in revoked if tp in forwarded})
+            await self._commit(consumer, {tp: uncommitted.pop(tp) for tp in revoked if tp in uncommitted})
 
         consumer.subscribe([self.topic], listener=_Joined(self.joined, commit_revoked))
         committed_at = time.monotonic()
@@ -101,15 +101,15 @@ class FactLane:
                 if outputs:
                     await self.send(outputs)  # acknowledged by the broker before the commit
                     self.forwarded += len(outputs)
-                forwarded.update({tp: records[-1].offset + 1 for tp, records in batch.items() if records})
-                if forwarded and time.monotonic() - committed_at >= COMMIT_EVERY_S:
-                    await self._commit(consumer, forwarded)
-                    forwarded.clear()
+                uncommitted.update({tp: records[-1].offset + 1 for tp, records in batch.items() if records})
+                if uncommitted and time.monotonic() - committed_at >= COMMIT_EVERY_S:
+                    await self._commit(consumer, uncommitted)
+                    uncommitted.clear()
                     committed_at = time.monotonic()
         finally:
             try:
-                if forwarded:
-                    await self._commit(consumer, forwarded)
+                if uncommitted:
+                    await self._commit(consumer, uncommitted)
             except KafkaError as error:  # stopping anyway: these facts are forwarded again
                 log.info("fact lane could not commit on its way out: %s", error)
             finally:
