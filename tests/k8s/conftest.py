@@ -26,10 +26,6 @@ from services.watcher.kube import Credentials, Kube, KubeError, api_client, reso
 BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd", "kwok")
 
 
-def _free_port() -> int:
-    return free_base_port(1)  # below the ephemeral range: no outgoing connection takes it meanwhile
-
-
 def testcluster_env() -> dict[str, str]:
     """Its own run dir and free ports unless told otherwise, so parallel test runs on one
     machine (and a developer's own cluster on the default ports) never collide."""
@@ -37,9 +33,10 @@ def testcluster_env() -> dict[str, str]:
     if "QM_TESTCLUSTER_RUN" not in env:
         env["QM_TESTCLUSTER_RUN"] = tempfile.mkdtemp(prefix="qm-testcluster-pytest-")
         env["QM_TESTCLUSTER_TEMP_RUN"] = "1"
-    env.setdefault("QM_TESTCLUSTER_PORT", str(_free_port()))
-    env.setdefault("QM_TESTCLUSTER_ETCD_PORT", str(_free_port()))
-    env.setdefault("QM_TESTCLUSTER_ETCD_PEER_PORT", str(_free_port()))
+    base = free_base_port(3)  # three free ports in a row, below the ephemeral range
+    env.setdefault("QM_TESTCLUSTER_PORT", str(base))
+    env.setdefault("QM_TESTCLUSTER_ETCD_PORT", str(base + 1))
+    env.setdefault("QM_TESTCLUSTER_ETCD_PEER_PORT", str(base + 2))
     return env
 
 
