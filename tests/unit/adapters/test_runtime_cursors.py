@@ -263,3 +263,35 @@ async def test_a_partitions_values_are_written_together_in_the_order_last_applie
     await apply_each(runtime, ledger, ["cohort|ml"], events(runtime, 2))
     assert [(key, value["state"]) for key, value in ledger.sent] == [("book-a", 1), ("cohort|ml", 3)]
     assert cursors.data == {"0": 3}
+
+
+async def test_a_value_applied_again_while_its_partition_is_written_stays_unstored_and_holds_the_cursor(runtime):
+    """ADR 0031: a partition's unstored values are kept together with their earliest hold. A
+    value applied again while the partition's write awaits its acks stays unstored, and the
+    cursor is held at that value's first event, no longer at the values just written."""
+    acked = asyncio.get_running_loop().create_future()
+
+    class SlowTable(FakeTable):
+        def send_changelog(self, partition, key, value):
+            self.sent.append((key, value))
+            return acked
+
+    ledger = SlowTable("ledger")
+    runtime.store_interval_s = 0.0
+    first, second, again = events(runtime, 0, 1, 2)
+    tp = runtime.tp
+    runtime._note_unstored(ledger, "book-a", 1, first, 1, {tp: 0}, 100.0)
+    runtime._note_unstored(ledger, "book-b", 1, second, 1, {tp: 1}, 100.0)
+    assert runtime._held_at([tp]) == {tp: 0}
+
+    writing = asyncio.create_task(runtime._store_due(200.0))
+    await asyncio.sleep(0)
+    assert ledger.sent == [("book-a", 1), ("book-b", 1)]
+    runtime._note_unstored(ledger, "book-b", 2, again, 1, {tp: 2}, 150.0)  # meanwhile, book-b moves on
+    acked.set_result(None)
+    assert await writing == {tp}
+
+    assert runtime._held_at([tp]) == {tp: 1}  # book-b's first event not in a stored value
+    assert await runtime._store_due(200.0) == {tp}
+    assert ledger.sent[-1] == ("book-b", 2)
+    assert runtime._held_at([tp]) == {} and runtime._unstored == {}
