@@ -33,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 from bisect import bisect_right, insort
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
@@ -691,7 +691,7 @@ def book_from_dict(data: dict[str, Any]) -> _Book:
 _encode = json.JSONEncoder(separators=(",", ":")).encode
 
 
-def book_to_json(book: _Book) -> str:
+def book_to_json(book: _Book, encode: Callable[[Any], str] | None = None) -> str:
     """``json.dumps(book_to_dict(book), separators=(",", ":"))``, the same text, made without
     re-encoding the closed hours: a shell stores the book after every event, and a tick touches
     every active book, so encoding all of ``emitted`` each time made the fold O(hours kept) per
@@ -700,7 +700,9 @@ def book_to_json(book: _Book) -> str:
     hour or the horizon drops it; only the rest of the book (facts, series, event ids) is
     encoded per call. Standard ``json``: the exact usage sums exceed 64 bits. The fields around
     ``emitted`` come from the same ``_book_head``/``_book_tail`` as ``_book_to_dict``
-    (tests/unit/core/cost/test_cost_book_json.py compares the two texts)."""
+    (tests/unit/core/cost/test_cost_book_json.py compares the two texts). ``encode``: a faster
+    encoder that gives the same text (the shell's, which may use orjson)."""
+    encode = encode or _encode
     emitted = book.emitted
     texts = book.emitted_json
     if len(texts) != len(emitted):  # not kept in step (a book built by hand): start over
@@ -708,10 +710,10 @@ def book_to_json(book: _Book) -> str:
         book.emitted_stale = set(emitted)
     for hour in book.emitted_stale:
         entries = {_key_text(key): entry for key, entry in emitted[hour].items()}
-        texts[hour] = f'"{hour}":{_encode(entries)}'
+        texts[hour] = f'"{hour}":{encode(entries)}'
     book.emitted_stale.clear()
-    head = _encode(_book_head(book))
-    tail = _encode(_book_tail(book))
+    head = encode(_book_head(book))
+    tail = encode(_book_tail(book))
     hours = ",".join(texts.values())  # type: ignore[arg-type]  # none is None any more
     return f'{head[:-1]},"emitted":{{{hours}}},{tail[1:]}'
 

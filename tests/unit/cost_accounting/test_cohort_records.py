@@ -15,7 +15,7 @@ from services.contracts.events import (
     WorkloadRunning,
 )
 from services.core.cost import book_from_dict, book_to_dict, book_to_json
-from services.cost_accounting.cohort import CohortLedger, cohort_record_key, fold_cohorts
+from services.cost_accounting.cohort import CohortLedger, book_text, cohort_record_key, fold_cohorts
 from services.cost_accounting.config import CostConfig
 
 CC_LABEL = "quartermaster.dev/cost-center"
@@ -152,6 +152,21 @@ def test_records_written_before_book_to_json_are_read_and_continued():
     expected_store, expected = fold_cohorts(CostConfig(), [("ml", e) for e in envelopes], LABELS)
     assert restarted and rows(restarted) == rows(expected)[-len(rows(restarted)):]
     assert store == expected_store
+
+
+def test_book_text_is_the_standard_encoders_text_for_whatever_orjson_would_write_otherwise():
+    """orjson makes the text where it gives json's; the rest goes to json (a sum beyond 64 bits,
+    a key that is not a string, characters json escapes and orjson does not)."""
+    values = [
+        {"uid": "wl-a", "labels": [["team", "ml"]], "seen": ["e1", "e2"], "finished": None, "x": True},
+        {"a100\trunning": [1, -2, 2**63 - 1, -(2**63)], "quote\"back\\slash/": "new\nline\ttab\x01"},
+        {"series": [2**64 + 1]},
+        {1: "an int key"},
+        {"ns": "équipe"},
+        {"ns": "del\x7f"},
+    ]
+    for value in values:
+        assert book_text(value) == json.dumps(value, separators=(",", ":"))
 
 
 def test_book_text_round_trips_exactly():
