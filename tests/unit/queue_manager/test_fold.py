@@ -162,6 +162,25 @@ def test_quota_available_but_no_node_fits_is_a_distinct_reason():
     assert "uid-two" in state["admitted"]
 
 
+def test_placement_follows_nodes_that_join_and_leave_after_it_first_looked():
+    """The nodes of each flavor are kept between placements; a node.capacity event that adds or
+    removes a node must show in the very next placement."""
+    from services.contracts.events import NodeCapacity
+
+    def node(name, gpus, at, deleted=False):
+        return make_envelope(NodeCapacity(node=name, flavor="a100-flavor", allocatable={"nvidia.com/gpu": gpus * 1000},
+                                          deleted=deleted), producer="test", occurred_at=at, identity=(name, at))
+
+    state, _ = run([node("a100-0", 8, "2026-11-29T09:59:00Z"), validated("six", 6)])
+    assert [n for n, _ in state["admitted"]["uid-six"]["placement"]] == ["a100-0"]
+    state, _ = run([node("a100-1", 8, "2026-11-29T10:01:00Z"), validated("four", 4)], state)
+    assert [n for n, _ in state["admitted"]["uid-four"]["placement"]] == ["a100-1"]  # the node that joined
+    state, outputs = run([node("a100-1", 8, "2026-11-29T10:02:00Z", deleted=True), validated("three", 3)], state)
+    pending = [o.envelope.payload for o in outputs if o.envelope.event_type == "workload.pending.v1"]
+    assert [(p.reason, p.message) for p in pending] == [
+        ("NoFit", "quota available, but no a100-flavor node has 3 free nvidia.com/gpu")]  # a100-1 is gone
+
+
 def test_a_release_judges_what_can_fit_and_one_more_not_the_whole_deep_queue():
     state, _ = run([validated("big", 32)] + [validated(f"w{i:02d}", 8, at=f"2026-11-29T10:{i:02d}:00Z")
                                              for i in range(1, 41)])
