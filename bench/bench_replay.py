@@ -11,7 +11,11 @@ What runs:
   processes on fresh topics (services/demo/stack.py), QM_STORE=memory://.
 * The simulator (services/sim/runner.Simulator, the building blocks of run_simulation)
   replays the trace compressed by --speed simulated seconds per wall second, with hourly
-  clock ticks, and answers the queue-manager's actions like a cluster.
+  clock ticks, and answers the queue-manager's actions like a cluster. It skips the quiet
+  stretches (--skip-quiet): when no workload waits for a decision or to start and nothing has
+  happened for a quarter of a wall second, it jumps to the next pod event and publishes the
+  ticks in between at once. The trace's first 2,700 hours hold 17 of its 8,152 pods: at the
+  steady pace they took 37 s of wall time.
 * After the trace's last submission the simulated cluster keeps running (--settle): it ticks,
   answers admits that come late and runs their pods to their end, until every workload is
   done. At 300,000x a second of decision latency is 83 trace hours; a simulator that stopped
@@ -254,7 +258,7 @@ async def run(args: argparse.Namespace) -> dict:
         simulator = Simulator(stack.bootstrap, stack.prefix, workloads, speed=args.speed, tick_every_s=TICK_EVERY_S,
                               nodes=nodes, on_progress=on_progress, progress_every_s=1.0,
                               tick_holdback_wall_s=args.holdback, settle_wall_s=args.settle or None,
-                              close_books_s=close_delay_s)  # fmt: skip
+                              close_books_s=close_delay_s, skip_quiet_wall_s=args.skip_quiet or None)  # fmt: skip
         sim_started = time.monotonic()
         stats = None
         try:
@@ -347,6 +351,7 @@ async def run(args: argparse.Namespace) -> dict:
         "trace_span_h": round(span_s / 3600, 1),
         "simulated_h": round(stats.sim_seconds / 3600, 1) if stats else None,  # trace span + settling
         "settle_wall_s": args.settle,
+        "skip_quiet_wall_s": args.skip_quiet,
         "close_delay_h": round(close_delay_s / 3600, 1),
         "complete": stats is not None and drained,
         "drain": {"drained_within_timeout": drained,
@@ -452,6 +457,10 @@ def main() -> int:
     p.add_argument("--scale", type=scale_arg, default=1.0, help="fraction of the pods (first by creation), in (0, 1]")
     p.add_argument("--holdback", type=float, default=2.0,
                    help="wall seconds ticks are held back, so answers in flight land before time moves on")
+    p.add_argument("--skip-quiet", type=float, default=0.25,
+                   help="skip the trace's quiet stretches: once no workload waits for a decision or to start and "
+                        "nothing happened for this many wall seconds, jump to the next pod event (the hourly "
+                        "ticks in between are published at once); default 0.25; 0: keep the steady pace throughout")
     p.add_argument("--settle", type=float, default=20.0,
                    help="after the trace's end, keep the simulated cluster running (ticks, late admits, pods to "
                         "their end) until every workload is done, or nothing happened for this many wall seconds "

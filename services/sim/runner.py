@@ -83,6 +83,8 @@ class SimStats:
     actions_seen: int = 0
     done: bool = False
     stopped_because: str = ""  # why the run ended (set with done)
+    skipped_wall_s: float = 0.0  # wall time saved by skipping quiet stretches (skip_quiet_wall_s)
+    skips: int = 0
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -150,6 +152,7 @@ class Simulator:
         tick_holdback_wall_s: float = 1.0,
         settle_wall_s: float | None = None,
         close_books_s: float = 0.0,
+        skip_quiet_wall_s: float | None = None,
     ) -> None:
         self.bootstrap, self.prefix = bootstrap, prefix
         self.workloads = {w.uid: _State(w, remaining_s=w.run_s) for w in workloads}
@@ -168,6 +171,7 @@ class Simulator:
         self.holdback = tick_holdback_wall_s
         self.settle_wall_s = settle_wall_s
         self.close_books_s = close_books_s
+        self.skip_quiet_wall_s = skip_quiet_wall_s
         self.stats = SimStats()
         self._heap: list[_Item] = []
         self._scheduled = 0  # items in the heap other than ticks: what will happen without new commands
@@ -302,6 +306,33 @@ class Simulator:
                 readmit, st.readmit = st.readmit, None
                 self._admit(st, readmit, item.sim_s)
 
+    def _skip_quiet_stretch(self, now: float) -> bool:
+        """With ``skip_quiet_wall_s``: when the cluster waits on nothing, move the clock on to
+        the next scheduled event other than a tick (which is then due now) and say so.
+
+        Waiting on nothing: no command or workload event for ``skip_quiet_wall_s`` wall
+        seconds, and no workload submitted and not yet admitted, suspended, or admitted and not
+        yet started. Then no decision can be on its way, and the services see the same events,
+        at the same event times, as at the steady pace, only sooner. The ticks in between
+        become due at once and are published in order, each still after the events that
+        come before it in event time. A trace with long quiet stretches (the Alibaba trace's
+        first 2,700 hours hold 17 of its 8,152 pods) then takes as long as its events take."""
+        if self.skip_quiet_wall_s is None or now - self._last_activity < self.skip_quiet_wall_s:
+            return False
+        if any(s.status in ("waiting", "suspended", "starting") for s in self.workloads.values()):
+            return False
+        upcoming = [item.due_wall for item in self._heap if item.kind != "tick"]
+        if not upcoming or min(upcoming) <= now:
+            return False  # only ticks left: they keep their pace (settle mode stops on quiet)
+        assert self._clock is not None
+        shift = min(upcoming) - now
+        for item in self._heap:  # the same shift for all: still a heap
+            item.due_wall -= shift
+        self._clock = Compression(self._clock.speed, self._clock.wall0 - shift, self._clock.sim0)
+        self.stats.skipped_wall_s += shift
+        self.stats.skips += 1
+        return True
+
     def _note_stopped(self, w: SimWorkload) -> None:
         self.stats.running -= 1
         self.stats.gpu_running_milli -= w.gpu_milli
@@ -429,6 +460,8 @@ class Simulator:
                     if head.sim_s > self.end_s and not settling:
                         heapq.heappop(self._heap)
                         self._scheduled -= head.kind != "tick"
+                        continue
+                    if head.due_wall > now and self._skip_quiet_stretch(now):
                         continue
                     if head.due_wall > now:
                         self._wake.clear()

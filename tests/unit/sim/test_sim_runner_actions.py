@@ -69,3 +69,42 @@ def test_an_admit_that_overtakes_the_eviction_command_is_not_lost():
     asyncio.run(drain(sim))
     st = sim.workloads["u1"]
     assert st.status == "done" and st.attempt == 2 and sim._bus.sent.count("pod.running.v1") == 2
+
+
+def quiet_cluster(status: str = "running") -> Simulator:
+    """One workload, its finish due at 1,000 s, hourly-ish ticks every 100 s until then; the
+    last event happened at wall 0."""
+    sim = Simulator("unused", "", [W], speed=1.0, start_delay_s=0.0, skip_quiet_wall_s=0.25, tick_every_s=100.0)
+    sim._clock, sim._bus = Compression(speed=1.0, wall0=0.0), Bus()
+    sim.workloads["u1"].status = status
+    sim._push("finish", 1000.0, uid="u1")
+    for tick in range(100, 1101, 100):
+        sim._push("tick", float(tick), extra_wall=2.0)
+    sim._last_activity = 0.0
+    return sim
+
+
+def test_a_quiet_stretch_is_skipped_to_the_next_pod_event_with_the_ticks_before_it_due_at_once():
+    sim = quiet_cluster()
+    assert sim._skip_quiet_stretch(now=10.0)
+    order = sorted(sim._heap)
+    finish = next(item for item in order if item.kind == "finish")
+    assert finish.due_wall == 10.0  # due now
+    due_before = [item.sim_s for item in order if item.due_wall < finish.due_wall]
+    assert due_before == [100.0 * n for n in range(1, 10)]  # the ticks before it, in time order
+    assert [i.sim_s for i in order if i.kind == "tick" and i.due_wall > 10.0] == [1000.0, 1100.0]  # held back as ever
+    assert sim._clock.sim_at(10.0) == 1000.0 and sim.stats.skips == 1 and sim.stats.skipped_wall_s == 990.0
+
+
+def test_no_skip_while_a_decision_or_a_start_is_awaited_or_something_just_happened():
+    for status in ("waiting", "starting", "suspended"):
+        sim = quiet_cluster(status)
+        assert not sim._skip_quiet_stretch(now=10.0), status
+    sim = quiet_cluster()
+    assert not sim._skip_quiet_stretch(now=0.2)  # quiet for less than 0.25 s
+    sim = quiet_cluster()
+    sim.skip_quiet_wall_s = None
+    assert not sim._skip_quiet_stretch(now=10.0)  # off
+    sim = quiet_cluster()
+    sim._heap = [item for item in sim._heap if item.kind == "tick"]
+    assert not sim._skip_quiet_stretch(now=10.0)  # only ticks left: they keep their pace
