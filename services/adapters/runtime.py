@@ -73,6 +73,10 @@ CURSOR_LAG_MAX = 1000
 # replay of them onto a newer state is recognised as duplicates). ADR 0014.
 STORE_INTERVAL_S = float(os.environ.get("QM_STORE_INTERVAL_S", 4.0))  # ADR 0014 (1 s until stop 21)
 STORE_EVENTS_MAX = 1000
+# Most event ids a value may take by apply_once between two stores: half the seen window, so a
+# replay of them onto the stored value is always recognised (ADR 0033). STORE_EVENTS_MAX counts
+# batches, and one batch of the cost service's row bundles can carry hundreds of ids per key.
+STORE_IDS_MAX = SEEN_WINDOW // 2
 # How long a revocation waits for the batch under way to finish and store.
 REVOKE_WAIT_S = float(os.environ.get("QM_REVOKE_WAIT_S", 5.0))
 # Largest record a service may write. A table value holds one cohort's whole queue state, which
@@ -94,6 +98,10 @@ class _Batch:
     def __init__(self, owner: int = 0) -> None:
         self.acks: list[Any] = []
         self.latest: dict[tuple[str, str], Output] = {}  # (compacted topic, key) -> last output
+        # sends a handler gathered over the batch (e.g. one record per key): run at its commit,
+        # before the acknowledgements are awaited; each returns the acks of what it sent
+        self.flushes: list[Callable[[], Awaitable[list[Any]]]] = []
+        self.applied: dict[tuple[int, str], int] = {}  # (table id, key) -> event ids apply_once took
         self.writes: dict[tuple[int, str], tuple[Any, str, Any, Any]] = {}
         self.owner = owner  # the agent (the id of its first applied-offset table)
         self.next_offsets: dict[Any, tuple[int, Any]] = {}  # tp -> (next offset, last event)
@@ -107,10 +115,10 @@ class _Batch:
 class _Unstored:
     """A table value applied in memory whose changelog record is not written yet (ADR 0014)."""
 
-    __slots__ = ("table", "key", "value", "event", "owner", "tp", "holds", "since", "events", "version")
+    __slots__ = ("table", "key", "value", "event", "owner", "tp", "holds", "since", "events", "ids", "version")
 
     def __init__(self, table: Any, key: str, value: Any, event: Any, owner: int, holds: dict[Any, int],
-                 since: float) -> None:
+                 since: float, ids: int = 0) -> None:
         self.table, self.key, self.value, self.event = table, key, value, event
         self.owner = owner  # the agent that writes it (id of its first applied-offset table)
         self.tp = event.message.tp  # the partition whose store interval it keeps
@@ -118,7 +126,8 @@ class _Unstored:
         # of two co-partitioned topics (the preemption service) folds both into one value
         self.holds = holds
         self.since = since
-        self.events = 1
+        self.events = 1  # batches applied since its last store
+        self.ids = ids  # event ids apply_once added to its seen list since its last store
         self.version = 0
 
 
@@ -129,14 +138,15 @@ class _UnstoredPartition:
     unstored (a book per workload), and two scans over them per batch were 15% of its py-spy
     samples in the full Alibaba replay (ADR 0031)."""
 
-    __slots__ = ("tp", "owner", "values", "since", "events", "holds")
+    __slots__ = ("tp", "owner", "values", "since", "events", "ids", "holds")
 
     def __init__(self, first: _Unstored) -> None:
         self.tp = first.tp
         self.owner = first.owner  # one agent consumes a partition's topic, and writes its values
         self.values: dict[tuple[int, str], _Unstored] = {}  # in the order last applied
         self.since = first.since  # the earliest `since` of its values
-        self.events = 0  # the most events any one of its values has applied
+        self.events = 0  # the most batches any one of its values has applied
+        self.ids = 0  # the most event ids any one of its values has taken
         self.holds: dict[Any, int] = {}  # per source partition, the earliest first offset held
 
     def note(self, slot: tuple[int, str], value: _Unstored) -> None:
@@ -145,6 +155,7 @@ class _UnstoredPartition:
         self.values[slot] = value
         self.since = min(self.since, value.since)
         self.events = max(self.events, value.events)
+        self.ids = max(self.ids, value.ids)
         for tp, first in value.holds.items():
             held = self.holds.get(tp)
             if held is None or first < held:
@@ -155,6 +166,7 @@ class _UnstoredPartition:
         left = list(self.values.values())
         self.since = min(u.since for u in left)
         self.events = max(u.events for u in left)
+        self.ids = max(u.ids for u in left)
         self.holds = {}
         for u in left:
             for tp, first in u.holds.items():
@@ -635,6 +647,8 @@ class ServiceRuntime:
         was never written: we write and wait for the changelog acks ourselves. A value that
         was not stored when the worker died is rebuilt by replaying its events from the held
         cursor: the fold sends the same outputs with the same ids again (ADR 0001)."""
+        for flush in batch.flushes:
+            batch.acks.extend(await flush())
         if batch.latest:
             batch.acks.extend(await self._send(batch.latest.values()))
         for ack in batch.acks:
@@ -650,7 +664,7 @@ class ServiceRuntime:
         for table, key, value, event in batch.writes.values():
             message = event.message
             holds = holds_by_partition.get(message.partition) or {message.tp: message.offset}
-            self._note_unstored(table, key, value, event, owner, holds, now)
+            self._note_unstored(table, key, value, event, owner, holds, now, batch.applied.get((id(table), key), 0))
         for tp, (offset, last) in batch.next_offsets.items():
             self._next_offset[tp] = offset
             self._last_event[tp] = last
@@ -660,7 +674,8 @@ class ServiceRuntime:
         await self._store_tps(stored_tps - batch.next_offsets.keys())  # values of other partitions
 
     def _note_unstored(
-        self, table: Any, key: str, value: Any, event: Any, owner: int, holds: dict[Any, int], now: float
+        self, table: Any, key: str, value: Any, event: Any, owner: int, holds: dict[Any, int], now: float,
+        ids: int = 0,
     ) -> None:
         table.data[key] = value
         slot = (id(table), key)
@@ -668,12 +683,13 @@ class ServiceRuntime:
         # last applied, so a fold's own bookkeeping record, staged last, is written last.
         hit = self._unstored.get(slot)
         if hit is None:
-            hit = self._unstored[slot] = _Unstored(table, key, value, event, owner, dict(holds), now)
+            hit = self._unstored[slot] = _Unstored(table, key, value, event, owner, dict(holds), now, ids)
         else:
             hit.value, hit.event = value, event
             for tp, first in holds.items():
                 hit.holds.setdefault(tp, first)  # the earlier first event stays held
             hit.events += 1
+            hit.ids += ids
             hit.version += 1
         part = self._unstored_parts.get(hit.tp)
         if part is None:
@@ -700,7 +716,7 @@ class ServiceRuntime:
         due_parts = [p for p in self._unstored_parts.values()
                      if (p.owner == owner or not in_flight.get(p.owner))
                      and ((everything and p.owner == owner) or now - p.since >= interval * _stagger(p.tp)
-                          or p.events >= STORE_EVENTS_MAX)]
+                          or p.events >= STORE_EVENTS_MAX or p.ids >= STORE_IDS_MAX)]
         if not due_parts:
             return set()
         due = [u for p in due_parts for u in p.values.values()]
@@ -1020,6 +1036,7 @@ class ServiceRuntime:
         new_entry = {"state": state, "seen": seen}
         if batch is not None:
             batch.writes[(id(table), key)] = (table, key, new_entry, current_event())
+            batch.applied[(id(table), key)] = batch.applied.get((id(table), key), 0) + 1
         else:
             table[key] = new_entry
         return True

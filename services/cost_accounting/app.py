@@ -17,24 +17,30 @@ Agents:
 2. ``qm.billing`` (our own rows, batched) is folded into the ``allocation`` table
    (``GET /allocation``, one record per row id) and, when budgets are configured, re-keyed by cost center onto
    ``<prefix><app id>-by-cost-center`` and folded per cost center into ``qm.budgets`` /
-   ``qm.alerts`` (dedupe by row id: ``apply_once``).
+   ``qm.alerts`` (dedupe by row id: ``apply_once``). A batch's rows of one cost center travel as
+   one record there, a JSON array of the rows (ADR 0033); a single row (an object) is read too.
 """
 
 from __future__ import annotations
 
 import os
+import weakref
+from types import SimpleNamespace
 from typing import Any
+
+import orjson
 
 from services.adapters.live_replica import LiveReplica
 from services.adapters.runtime import (
     DUPLICATES_SKIPPED,
+    SEEN_WINDOW,
     Output,
     ServiceRuntime,
     TemporaryError,
     _current_batch,
 )
 from services.adapters.settings import Settings
-from services.contracts.codec import Envelope, decode
+from services.contracts.codec import ContractError, Envelope, from_document, parse
 from services.contracts.events import RECORD_TYPES
 from services.contracts.schemas import topic_specs
 from services.cost_accounting.allocation import AllocationError, aggregate, compact_row, rows_of
@@ -152,16 +158,47 @@ runtime.consume("qm.workloads", on_workload_event, agent_name="fold_ledger", bat
 # -- 2. allocation view and budgets ----------------------------------------------------------
 
 
+#: Most rows one by-cost-center record carries (a row is ~1.5 KB) ...
+BUNDLE_ROWS_MAX = 100
+#: ... and most records one budgets batch takes: a batch's row ids per cost center stay within a
+#: quarter of the seen window, so a replay onto a stored budget is recognised (STORE_IDS_MAX).
+BUDGET_BATCH_RECORDS = max(1, SEEN_WINDOW // 4 // BUNDLE_ROWS_MAX)
+
+
+def bundles(rows: list[bytes]) -> list[bytes]:
+    """One cost center's rows of a batch as by-cost-center records: JSON arrays of at most
+    BUNDLE_ROWS_MAX rows, in order."""
+    return [b"[" + b",".join(rows[i:i + BUNDLE_ROWS_MAX]) + b"]" for i in range(0, len(rows), BUNDLE_ROWS_MAX)]
+
+
+_rows_by_cost_center: weakref.WeakKeyDictionary[Any, dict[str, list[bytes]]] = weakref.WeakKeyDictionary()
+
+
+def _bundle_row(batch, cost_center: str, row: bytes) -> None:
+    """Gather the batch's rows per cost center; sent as bundles when the batch commits, and
+    acknowledged before its offsets move on. One record per row was most of the budgets'
+    cost: a send, a fetch and a delivery for each of the replay's 71,000 rows."""
+    gathered = _rows_by_cost_center.get(batch)
+    if gathered is None:
+        gathered = _rows_by_cost_center[batch] = {}
+
+        async def send_bundles() -> list[Any]:
+            return [await by_cost_center.send(key=center.encode(), value=bundle)
+                    for center, rows in gathered.items() for bundle in bundles(rows)]
+
+        batch.flushes.append(send_bundles)
+    gathered.setdefault(cost_center, []).append(row)
+
+
 async def on_ledger_row(envelope: Envelope, event) -> None:
     if envelope.event_type != "billing.ledger_row.v1":
         return
     if config.budgets:
-        future = await by_cost_center.send(key=envelope.payload.x_CostCenter.encode(), value=event.value)
         batch = _current_batch.get()
         if batch is not None:
-            batch.acks.append(future)  # acknowledged with the batch, before its offsets move on
+            _bundle_row(batch, envelope.payload.x_CostCenter, event.value)
         else:
-            await future
+            await (await by_cost_center.send(key=envelope.payload.x_CostCenter.encode(), value=event.value))
     # One record per row id (idempotent: a redelivered row rewrites the same value), in the
     # shape rows_of reads; small records instead of one growing value per workload.
     row_id = envelope.payload.row_id
@@ -183,22 +220,43 @@ def _budget_fold(state, envelope: Envelope):
     return new_state, [Output(m.topic, m.key, m.envelope) for m in messages]
 
 
+def rows_in(value: bytes) -> list[Any]:
+    """The row documents of a by-cost-center record: a bundle (a JSON array) or one row."""
+    document = parse(value)
+    return document if isinstance(document, list) else [document]
+
+
 async def _fold_budget(event) -> None:
     try:
-        envelope = decode(event.value)
-        await runtime.apply_once(budget_table, envelope.payload.x_CostCenter, envelope, _budget_fold)
-    except TemporaryError:
-        raise
-    except Exception as error:  # noqa: BLE001
-        runtime.log.exception("budget fold failed; message dead-lettered")
-        await runtime.dead_letter("qm.billing", event, f"handler: {type(error).__name__}: {error}", kind="handler")
+        rows = rows_in(event.value)
+    except ContractError as error:
+        await runtime.dead_letter("qm.billing", event, f"decode: {error}", kind="decode")
+        return
+    for index, row in enumerate(rows):
+        try:
+            envelope = from_document(row)
+            await runtime.apply_once(budget_table, envelope.payload.x_CostCenter, envelope, _budget_fold)
+        except TemporaryError:
+            raise
+        except Exception as error:  # noqa: BLE001
+            # Dead-letter the row alone, named by its place in the record (the others are folded).
+            where = f"row {index + 1} of {len(rows)} in the record" if len(rows) > 1 else "the row"
+            runtime.log.exception("budget fold failed; row dead-lettered", detail=where)
+            message = event.message
+            await runtime.dead_letter_record(
+                "qm.billing",
+                SimpleNamespace(key=message.key, value=orjson.dumps(row), topic=message.topic,
+                                partition=message.partition, offset=message.offset),
+                f"handler: {where}: {type(error).__name__}: {error}", kind="handler")
 
 
 @runtime.app.agent(by_cost_center, name="fold_budgets")
 async def fold_budgets(stream):
     # Batched: the budgets table's only writer. One event at a time (a changelog store and an
-    # acknowledgement per row) it folded ~600 rows/s, the replay's slowest stage.
-    async for events in stream.take_events(runtime.batch_size, within=runtime.batch_within_s):
+    # acknowledgement per row) it folded ~600 rows/s, the replay's slowest stage. A record is a
+    # bundle of up to BUNDLE_ROWS_MAX rows, so a batch takes few records (ADR 0033).
+    async for events in stream.take_events(min(runtime.batch_size, BUDGET_BATCH_RECORDS),
+                                           within=runtime.batch_within_s):
         await runtime.process(events, _fold_budget, "by-cost-center", defer=True)
 
 

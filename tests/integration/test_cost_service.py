@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from aiokafka import AIOKafkaProducer
 
 from services.adapters.bus import Publisher, read_envelopes, read_topic
 from services.contracts.codec import make_envelope
@@ -205,6 +206,23 @@ async def test_running_0940_to_1110_is_three_rows_summing_to_1_5_x_gpus(kafka_bo
             return any(b.cost_center == "cc-ml" and Decimal(b.used) == 12 for b in budgets)
 
         await wait_for(budget_counts_them, 30, "cc-ml's budget to count the 12 GPU-hours")
+        # By-cost-center records are bundles of a batch's rows (ADR 0033). A bundle that repeats
+        # two rows around one that is not a row, and a lone row as the records were before:
+        # the repeats are skipped by row id, the bad row alone is dead-lettered, naming its place.
+        raw_rows = [r.value async for r in read_topic(kafka_bootstrap, topic_prefix + "qm.billing")]
+        by_cost_center = f"{topic_prefix}qm-cost-accounting{suffix}-by-cost-center"
+        async with AIOKafkaProducer(bootstrap_servers=kafka_bootstrap) as producer:
+            await producer.send_and_wait(by_cost_center, key=b"cc-ml",
+                                         value=b"[" + raw_rows[0] + b',{"event_type":"billing.ledger_row.v1"},'
+                                         + raw_rows[1] + b"]")
+            await producer.send_and_wait(by_cost_center, key=b"cc-ml", value=raw_rows[2])
+        dead = []
+
+        async def the_bad_row_is_dead_lettered():
+            dead[:] = [r async for r in read_topic(kafka_bootstrap, topic_prefix + "qm.billing.dlq", idle_timeout_s=0.3)]
+            return bool(dead)
+
+        await wait_for(the_bad_row_is_dead_lettered, 30, "the bad row of the bundle on qm.billing.dlq")
         await asyncio.sleep(1.0)
         rows = [r.payload for r in await ledger(kafka_bootstrap, topic_prefix)]
         with urllib.request.urlopen(
@@ -224,6 +242,11 @@ async def test_running_0940_to_1110_is_three_rows_summing_to_1_5_x_gpus(kafka_bo
     final = [b for b in budgets if b.cost_center == "cc-ml"][-1]
     assert (final.limit, Decimal(final.remaining), final.exhausted) == ("20", 8, False)
     assert any(b.thresholds_crossed for b in budgets)  # 12 of 20 is past 50%
+    assert [json.loads(r.value) for r in dead] == [{"event_type": "billing.ledger_row.v1"}]
+    error = dict(dead[0].headers)["qm-error"].decode()
+    assert error.startswith("handler: row 2 of 3 in the record: ContractError"), error
+    after = [e.payload async for _, e in read_envelopes(kafka_bootstrap, topic_prefix + "qm.budgets")]
+    assert [Decimal(b.used) for b in after if b.cost_center == "cc-ml"][-1] == 12  # the repeats counted once
 
 
 TRACE_CSV = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces" / "alibaba-gpu-v2023" / "openb_pod_list_default.csv"

@@ -295,3 +295,30 @@ async def test_a_value_applied_again_while_its_partition_is_written_stays_unstor
     assert await runtime._store_due(200.0) == {tp}
     assert ledger.sent[-1] == ("book-b", 2)
     assert runtime._held_at([tp]) == {} and runtime._unstored == {}
+
+
+async def test_a_value_that_took_half_the_seen_window_of_ids_is_stored_before_its_interval(runtime):
+    """ADR 0033: a replay onto a stored value is recognised only while the ids it took since the
+    last store fit in its seen window. One batch of bundled rows can carry hundreds of ids per key,
+    so the count of ids, not of batches, also makes a value due."""
+    from services.adapters.runtime import STORE_IDS_MAX
+
+    cursors = FakeTable("cursors")
+    runtime._cursor_tables[runtime.tp.topic] = cursors
+    budgets = FakeTable("budgets")
+    runtime.store_interval_s = 60.0
+
+    def envelope_of(event):
+        return make_envelope(
+            WorkloadFinished(uid=f"u{event.message.offset}", namespace="ns", name="w", succeeded=True,
+                             finished_at="2026-11-29T10:00:00Z"),
+            producer="test", occurred_at="2026-11-29T10:00:00Z", identity=(event.message.offset,))
+
+    async def fold_into_cc(event):
+        await runtime.apply_once(budgets, "cc-ml", envelope_of(event), counting_fold)
+
+    await runtime.process(events(runtime, *range(0, 100)), fold_into_cc, "qm.workloads", defer=True)
+    assert budgets.sent == []  # one batch, 100 ids: not due
+    await runtime.process(events(runtime, *range(100, STORE_IDS_MAX)), fold_into_cc, "qm.workloads", defer=True)
+    assert [(key, value["state"]) for key, value in budgets.sent] == [("cc-ml", STORE_IDS_MAX)]
+    assert cursors.data == {"0": STORE_IDS_MAX}
