@@ -73,10 +73,13 @@ CURSOR_LAG_MAX = 1000
 # replay of them onto a newer state is recognised as duplicates). ADR 0014.
 STORE_INTERVAL_S = float(os.environ.get("QM_STORE_INTERVAL_S", 4.0))  # ADR 0014 (1 s until stop 21)
 STORE_EVENTS_MAX = 1000
-# Most event ids a value may take by apply_once between two stores: half the seen window, so a
-# replay of them onto the stored value is always recognised (ADR 0033). STORE_EVENTS_MAX counts
-# batches, and one batch of the cost service's row bundles can carry hundreds of ids per key.
-STORE_IDS_MAX = SEEN_WINDOW // 2
+# Most event ids one batch may add to a key (QM_BATCH_SIZE events, or the budgets' bundles of
+# rows), and most a value may take by apply_once between two stores: together within the seen
+# window, so a replay onto the stored value is always recognised (ADR 0033). STORE_EVENTS_MAX
+# counts batches, and one batch of the cost service's row bundles carries many ids per key.
+# (Half the window made the queue-manager store its cohorts early in kueue-large-scale.)
+BATCH_IDS_MAX = 1024
+STORE_IDS_MAX = SEEN_WINDOW - BATCH_IDS_MAX
 # How long a revocation waits for the batch under way to finish and store.
 REVOKE_WAIT_S = float(os.environ.get("QM_REVOKE_WAIT_S", 5.0))
 # Largest record a service may write. A table value holds one cohort's whole queue state, which
@@ -455,7 +458,11 @@ class ServiceRuntime:
         # falling due, not a whole interval later
         self.app.timer(min(max(STORE_INTERVAL_S, 0.1), 1.0), name="store_idle")(self._store_idle)
         self.app.on_partitions_revoked.connect(self._on_revoked)
-        self.batch_size = int(os.environ.get("QM_BATCH_SIZE", 500))
+        raw_batch_size = os.environ.get("QM_BATCH_SIZE", "500")
+        if not raw_batch_size.strip().isdigit() or not 1 <= int(raw_batch_size) <= BATCH_IDS_MAX:
+            raise SystemExit(f"{settings.service}: QM_BATCH_SIZE={raw_batch_size!r}: expected 1 to {BATCH_IDS_MAX} "
+                             "events (a batch's event ids must fit the dedupe window with room to spare)")
+        self.batch_size = int(raw_batch_size)
         # How long a batched agent waits to fill a batch. A backlog fills it at once; at a steady
         # 500 events/s the wait is most of an event's latency (bench-queue p50 24 -> 10 ms, p99
         # 129 -> 84 ms going from 20 to 5 ms, throughput unchanged).

@@ -32,8 +32,8 @@ import orjson
 
 from services.adapters.live_replica import LiveReplica
 from services.adapters.runtime import (
+    BATCH_IDS_MAX,
     DUPLICATES_SKIPPED,
-    SEEN_WINDOW,
     Output,
     ServiceRuntime,
     TemporaryError,
@@ -160,9 +160,9 @@ runtime.consume("qm.workloads", on_workload_event, agent_name="fold_ledger", bat
 
 #: Most rows one by-cost-center record carries (a row is ~1.5 KB) ...
 BUNDLE_ROWS_MAX = 100
-#: ... and most records one budgets batch takes: a batch's row ids per cost center stay within a
-#: quarter of the seen window, so a replay onto a stored budget is recognised (STORE_IDS_MAX).
-BUDGET_BATCH_RECORDS = max(1, SEEN_WINDOW // 4 // BUNDLE_ROWS_MAX)
+#: ... and most records one budgets batch takes: its row ids per cost center stay within
+#: BATCH_IDS_MAX, so a replay onto a stored budget is recognised (ADR 0033).
+BUDGET_BATCH_RECORDS = max(1, BATCH_IDS_MAX // BUNDLE_ROWS_MAX)
 
 
 def bundles(rows: list[bytes]) -> list[bytes]:

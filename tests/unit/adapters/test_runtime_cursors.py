@@ -322,3 +322,10 @@ async def test_a_value_that_took_half_the_seen_window_of_ids_is_stored_before_it
     await runtime.process(events(runtime, *range(100, STORE_IDS_MAX)), fold_into_cc, "qm.workloads", defer=True)
     assert [(key, value["state"]) for key, value in budgets.sent] == [("cc-ml", STORE_IDS_MAX)]
     assert cursors.data == {"0": STORE_IDS_MAX}
+
+
+@pytest.mark.parametrize("size", ["0", "5000", "many"])
+def test_a_batch_size_whose_ids_would_not_fit_the_dedupe_window_is_refused_naming_the_range(size, monkeypatch):
+    monkeypatch.setenv("QM_BATCH_SIZE", size)
+    with pytest.raises(SystemExit, match=r"QM_BATCH_SIZE=.*expected 1 to 1024"):
+        ServiceRuntime(Settings(service="cursor-test", app_id_suffix=f"-{uuid.uuid4().hex[:6]}"))
