@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 import weakref
@@ -135,8 +136,8 @@ class _Unstored:
 
 
 class _UnstoredPartition:
-    """The unstored values of one partition, which are written together, with the three
-    figures the store decision reads kept up to date as values come and go. A commit then
+    """The unstored values of one partition, which are written together, with the figures
+    the store decision reads kept up to date as values come and go. A commit then
     looks at each partition once instead of at every value: the cost service keeps thousands
     unstored (a book per workload), and two scans over them per batch were 15% of its py-spy
     samples in the full Alibaba replay (ADR 0031)."""
@@ -165,17 +166,11 @@ class _UnstoredPartition:
                 self.holds[tp] = first
 
     def recount(self) -> None:
-        """After some values were stored: the figures of those left."""
-        left = list(self.values.values())
-        self.since = min(u.since for u in left)
-        self.events = max(u.events for u in left)
-        self.ids = max(u.ids for u in left)
-        self.holds = {}
-        for u in left:
-            for tp, first in u.holds.items():
-                held = self.holds.get(tp)
-                if held is None or first < held:
-                    self.holds[tp] = first
+        """After some values were stored: the figures of those left, noted again in order."""
+        left = list(self.values.items())
+        self.values, self.since, self.events, self.ids, self.holds = {}, math.inf, 0, 0, {}
+        for slot, value in left:
+            self.note(slot, value)
 
 
 def _stagger(tp: Any) -> float:
