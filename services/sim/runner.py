@@ -321,11 +321,11 @@ class Simulator:
             return False
         if any(s.status in ("waiting", "suspended", "starting") for s in self.workloads.values()):
             return False
-        upcoming = [item.due_wall for item in self._heap if item.kind != "tick"]
-        if not upcoming or min(upcoming) <= now:
+        upcoming = min((item.due_wall for item in self._heap if item.kind != "tick"), default=None)
+        if upcoming is None or upcoming <= now:
             return False  # only ticks left: they keep their pace (settle mode stops on quiet)
         assert self._clock is not None
-        shift = min(upcoming) - now
+        shift = upcoming - now
         for item in self._heap:  # the same shift for all: still a heap
             item.due_wall -= shift
         self._clock = Compression(self._clock.speed, self._clock.wall0 - shift, self._clock.sim0)
