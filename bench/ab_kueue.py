@@ -85,6 +85,7 @@ def figures(report: dict) -> dict:
         "wall_s": report.get("wall_s"), "complete": report.get("complete"), "services_cpu_s": round(services, 1),
         "cpu_s": cpu, "evictions": report.get("evictions"), "usage_min_pct": report.get("usage_min_pct"),
         "time_to_admission_s": tta, "release_ms": _release_ms(report.get("finish_hops") or {}),
+        "calibration_s": (report.get("machine") or {}).get("calibration_s"),  # the machine's speed then
     }
 
 
@@ -99,13 +100,13 @@ def _release_ms(hops: dict) -> str:
 def table(rows: list[tuple[str, int, dict]]) -> None:
     processes = sorted({k for _, _, f in rows for k in f["cpu_s"]})
     classes = sorted({k for _, _, f in rows for k in f["time_to_admission_s"]})
-    print("| side | rep | wall s | services' CPU s | " + " | ".join(f"CPU {p}" for p in processes)
+    print("| side | rep | calibration s | wall s | services' CPU s | " + " | ".join(f"CPU {p}" for p in processes)
           + " | evictions | min usage % | " + " | ".join(f"{c} → admitted s" for c in classes)
           + " | finish → release p50 ms (all / slowest phase) |")
-    print("|" + "---|" * (7 + len(processes) + len(classes)))
+    print("|" + "---|" * (8 + len(processes) + len(classes)))
     for label, rep, f in rows:
         wall = f"{f['wall_s']}" + ("" if f["complete"] else " (incomplete)")
-        print(f"| {label} | {rep} | {wall} | {f['services_cpu_s']} | "
+        print(f"| {label} | {rep} | {f.get('calibration_s') or '—'} | {wall} | {f['services_cpu_s']} | "
               + " | ".join(str(f["cpu_s"].get(p, "—")) for p in processes)
               + f" | {f['evictions']} | {f['usage_min_pct']} | "
               + " | ".join(_round(f["time_to_admission_s"].get(c)) for c in classes) + f" | {f['release_ms']} |")

@@ -83,7 +83,27 @@ def machine() -> dict[str, Any]:
         # the settings the services ran with, where they differ from the defaults
         "settings": {k: v for k, v in sorted(os.environ.items()) if k.startswith("QM_")},
         "nice": {service: service_nice(service) for service in SERVICES},  # ADR 0022, ADR 0029
+        "calibration_s": calibration_s(),  # lower is faster: read figures of different days next to it
     }
+
+
+def calibration_s(runs: int = 3) -> float:
+    """Seconds this machine takes, now, for a fixed piece of pure-Python work like the services'
+    own (JSON envelopes in and out, dicts): the best of `runs`. The same commit's wall time moved
+    by 10-20% between days and doubled within one (stop 28: the unit tests took 10 s one hour and
+    19 s the next), so a figure is read next to this, and compared only with runs of one session."""
+    envelope = {"event_id": "e" * 32, "event_type": "workload.validated.v1", "occurred_at": "2026-12-03T10:00:00Z",
+                "payload": {"uid": "u" * 36, "namespace": "team-a", "pod_sets": [{"count": 1, "requests": {"cpu": 1000}}]}}
+    best = float("inf")
+    for _ in range(runs):
+        started = time.perf_counter()
+        folded: dict[str, int] = {}
+        for i in range(20_000):
+            document = json.loads(json.dumps(envelope))
+            key = f"{document['payload']['namespace']}-{i % 97}"
+            folded[key] = folded.get(key, 0) + document["payload"]["pod_sets"][0]["requests"]["cpu"]
+        best = min(best, time.perf_counter() - started)
+    return round(best, 3)
 
 
 def load() -> list[float]:

@@ -53,7 +53,8 @@ def main() -> int:
         commit = (m.get("git_commit") or "?")[:10] + (" dirty" if m.get("git_dirty") else "")
         runs.append(f"- {name}: {m.get('cpus')} cores, {m.get('memory_gib')} GiB, Python {m.get('python')}, "
                     f"faust {m.get('faust')}, aiokafka {m.get('aiokafka')}, Kafka {m.get('kafka')}, commit {commit}, "
-                    f"load {report.get('load_before')} → {report.get('load_after')}")  # fmt: skip
+                    f"load {report.get('load_before')} → {report.get('load_after')}, "
+                    f"calibration {m.get('calibration_s', '?')} s")  # fmt: skip
     print("## Quartermaster benchmarks (make bench)\n")
     print_rows(rows)
     print("\nRuns:\n" + "\n".join(runs))
