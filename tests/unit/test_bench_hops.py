@@ -24,6 +24,9 @@ def test_hops_are_measured_per_workload_and_per_phase_of_the_run():
         (107.0, record("workload.finished.v1", "unforwarded", succeeded=True)),
     ]
     workloads = [
+        (99.0, record("workload.quota_reserved.v1", "a")),  # preempted: not the reservation that finished
+        (99.5, record("workload.quota_reserved.v1", "a")),
+        (105.8, record("workload.quota_reserved.v1", "b")),
         (100.02, record("workload.finished.v1", "a")),
         (100.30, record("workload.released.v1", "c", reason="Preempted")),  # not a finish: not counted
         (100.32, record("workload.released.v1", "a", reason="Finished")),
@@ -37,7 +40,11 @@ def test_hops_are_measured_per_workload_and_per_phase_of_the_run():
     assert [p["finished_from_s"] for p in hops["by_phase"]] == [0.0, 5.0]
     assert hops["by_phase"][0]["released"] == {"n": 1, "p50_ms": 300, "p90_ms": 300}
     assert hops["by_phase"][1]["released"] == {"n": 1, "p50_ms": 50, "p90_ms": 50}
+    assert hops["quota_held"]["n"] == 2
+    assert hops["by_phase"][0]["held"] == {"n": 1, "p50_ms": 820, "p90_ms": 820}  # 99.5 -> 100.32
+    assert hops["by_phase"][1]["held"] == {"n": 1, "p50_ms": 300, "p90_ms": 300}  # 105.8 -> 106.10
     assert "slowest release in the finishes from 0 s: 300 / 300 ms" in hops_line(hops)
+    assert "(820 / 820 ms in that phase)" in hops_line(hops)
 
 
 def test_a_run_without_finishes_says_so():
