@@ -90,8 +90,9 @@ def machine() -> dict[str, Any]:
 def calibration_s(runs: int = 3) -> float:
     """Seconds this machine takes, now, for a fixed piece of pure-Python work like the services'
     own (JSON envelopes in and out, dicts): the best of `runs`. The same commit's wall time moved
-    by 10-20% between days and doubled within one (stop 28: the unit tests took 10 s one hour and
-    19 s the next), so a figure is read next to this, and compared only with runs of one session."""
+    by 10-20% between days, and by up to 2x within one morning (the unit tests took ~10 s in stop
+    27's session and 19 s at the start of stop 28's), so a figure is read next to this, and
+    compared only with runs of one session."""
     envelope = {"event_id": "e" * 32, "event_type": "workload.validated.v1", "occurred_at": "2026-12-03T10:00:00Z",
                 "payload": {"uid": "u" * 36, "namespace": "team-a", "pod_sets": [{"count": 1, "requests": {"cpu": 1000}}]}}
     best = float("inf")
