@@ -72,6 +72,7 @@ from common import (  # noqa: E402
     add_run_options,
     load,
     machine,
+    one_per_envelope,
     pct,
     print_rows,
     process_figures,
@@ -298,7 +299,7 @@ async def run(args: argparse.Namespace) -> dict:
         topics = [stack.prefix + t for t in TOPICS]
         records = await topic_end_offsets(stack.bootstrap, topics)
         cluster = await read_records(stack.bootstrap, stack.prefix + "qm.cluster")
-        trail = await read_records(stack.bootstrap, stack.prefix + "qm.workloads")
+        trail = one_per_envelope(await read_records(stack.bootstrap, stack.prefix + "qm.workloads"))
         billing = await read_records(stack.bootstrap, stack.prefix + "qm.billing")
 
     # submit -> decision, by Kafka record timestamps

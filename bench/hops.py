@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from common import pct
+from common import envelope_values, pct
 
 from services.adapters.bus import read_topic
 
@@ -61,7 +61,7 @@ def finish_hops(cluster: list[tuple[float, bytes]], workloads: list[tuple[float,
     forwarded_at = {}
     released_at = {}
     reserved_at: dict[str, list[float]] = {}  # every reservation: a preempted workload has several
-    for t, value in workloads:
+    for t, value in ((t, one) for t, record in workloads for one in envelope_values(record)):
         if FINISHED in value and (uid := _uid(value)) in finished_at:
             forwarded_at.setdefault(uid, t)
         elif RELEASED in value and b'"Finished"' in value and (uid := _uid(value)) is not None:

@@ -21,9 +21,10 @@ from services.contracts.codec import (
     RECORD_TYPES,
     ContractError,
     Envelope,
-    decode,
+    documents_of,
     encode,
     from_document,
+    in_bundle,
     parse,
 )
 from services.contracts.schemas import TopicSpec, dlq_retention_ms, topic_specs
@@ -219,16 +220,26 @@ async def read_envelopes(bootstrap: str, topic: str) -> AsyncIterator[tuple[RawR
     """Like read_topic, decoding each value; an unreadable one comes back as its ContractError."""
     async for record in read_topic(bootstrap, topic):
         try:
-            yield record, decode(record.value)
+            documents = documents_of(record.value)
         except ContractError as error:
             yield record, error
+            continue
+        for index, document in enumerate(documents):  # a bundle's envelopes one by one (ADR 0034)
+            try:
+                yield record, from_document(document)
+            except ContractError as error:
+                yield record, ContractError(f"{in_bundle(index, len(documents))}{error.where}", error.problem)
 
 
 def read_envelope(value: bytes, wanted: frozenset[str] | None) -> Envelope | None:
     """The envelope of a message, or None for a well-formed one of a known event type that is
     not `wanted` (passed over unvalidated). Raises ContractError for anything unreadable,
     including an unknown event type."""
-    document = parse(value)
+    return envelope_of(parse(value), wanted)
+
+
+def envelope_of(document: Any, wanted: frozenset[str] | None) -> Envelope | None:
+    """read_envelope for a document already parsed (one envelope of a bundle)."""
     if wanted is not None and isinstance(document, dict):
         event_type = document.get("event_type")
         if event_type not in wanted and event_type in RECORD_TYPES:
@@ -258,6 +269,9 @@ class TypeSieve:
             document = parse(value)
         except ContractError:
             return False
+        if isinstance(document, list):  # a bundle (ADR 0034): unread when every envelope is
+            return bool(document) and all(isinstance(d, dict) and d.get("event_type") in self._unread
+                                          for d in document)
         return isinstance(document, dict) and document.get("event_type") in self._unread
 
 
@@ -311,11 +325,18 @@ async def follow(
                     if markers is not None and not any(marker in (record.value or b"") for marker in markers):
                         continue
                     try:
-                        envelope = read_envelope(record.value, wanted)
-                        if envelope is not None:
-                            on_payload(envelope.payload)
+                        documents = documents_of(record.value)
                     except ContractError as error:
                         log.warning("unreadable record on %s skipped: %s", record.topic, error)
+                        continue
+                    for index, document in enumerate(documents):
+                        try:
+                            envelope = envelope_of(document, wanted)
+                            if envelope is not None:
+                                on_payload(envelope.payload)
+                        except ContractError as error:
+                            log.warning("unreadable record on %s skipped: %s%s", record.topic,
+                                        in_bundle(index, len(documents)), error)
             if caught_up is not None and not caught_up.is_set():
                 for tp in list(behind):
                     if await consumer.position(tp) >= end[tp]:

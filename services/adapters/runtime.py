@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import faust
+import orjson
 from faust.streams import _current_event as _faust_current_event
 from faust.streams import current_event
 from faust.transport.consumer import ack_lock
@@ -29,10 +30,18 @@ from faust.transport.drivers.aiokafka import ensure_aiokafka_TP
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Info, generate_latest
 
 from services.adapters import logs
-from services.adapters.bus import TypeSieve, dlq_headers, read_envelope
+from services.adapters.bus import TypeSieve, dlq_headers, envelope_of, read_envelope
 from services.adapters.gc_tuning import freeze_startup_objects, tune_gc
 from services.adapters.settings import Settings
-from services.contracts.codec import ContractError, Envelope, encode
+from services.contracts.codec import (
+    BUNDLE_MAX,
+    ContractError,
+    Envelope,
+    documents_of,
+    encode,
+    encode_bundle,
+    in_bundle,
+)
 from services.contracts.schemas import topic_specs
 
 MESSAGES_CONSUMED = Counter("qm_messages_consumed_total", "Messages read from the bus", ["service", "topic"])
@@ -193,6 +202,46 @@ def _store(table: Any, key: str, value: Any, event: Any) -> Any:
 
 
 _current_batch: ContextVar[_Batch | None] = ContextVar("qm_batch", default=None)
+# Which envelope of the record under way a handler is applying (0 but in a bundle, ADR 0034).
+_bundle_index: ContextVar[int] = ContextVar("qm_bundle_index", default=0)
+# A bundle record's envelope count, in a header, so a batch can be cut before it takes more
+# event ids than BATCH_IDS_MAX without parsing its records first.
+BUNDLE_HEADER = "qm-envelopes"
+
+
+def record_position(event: Any) -> tuple[int, int, int]:
+    """(partition, offset, envelope index) of the envelope being handled: the place of one
+    envelope on its topic, also inside a bundle (ADR 0034)."""
+    return event.message.partition, event.message.offset, _bundle_index.get()
+
+
+def _envelopes_in(event: Any) -> int:
+    value = event.value
+    if not value or value[:1] != b"[":
+        return 1
+    headers = event.message.headers or ()
+    for name, raw in headers.items() if isinstance(headers, dict) else headers:
+        if name == BUNDLE_HEADER:
+            try:
+                return max(1, int(raw))
+            except ValueError:
+                break
+    return BUNDLE_MAX  # a bundle without its count: the most a bundle carries
+
+
+def within_batch_ids(events: list[Any]) -> list[list[Any]]:
+    """A batch cut into batches that carry at most BATCH_IDS_MAX envelopes each (bundles carry
+    several), so that no batch adds more event ids to a key than ADR 0033 allows."""
+    chunks: list[list[Any]] = []
+    carried = 0
+    for event in events:
+        n = _envelopes_in(event)
+        if not chunks or carried + n > BATCH_IDS_MAX:
+            chunks.append([])
+            carried = 0
+        chunks[-1].append(event)
+        carried += n
+    return chunks
 
 
 def mirror_pause(thread: Any, tps: list[Any], *, pause: bool) -> None:
@@ -529,13 +578,40 @@ class ServiceRuntime:
         async def handle(event) -> None:
             topic_name = runtime._base_names.get(event.message.topic, label)
             MESSAGES_CONSUMED.labels(runtime.settings.service, topic_name).inc()
+            value = event.value
+            if not value or value[:1] != b"[":
+                try:
+                    envelope = read_envelope(value, wanted)
+                    if envelope is None:
+                        return  # a known event this handler does not read
+                except ContractError as error:
+                    await runtime.dead_letter(topic_name, event, f"contract: {error}", kind="contract")
+                    return
+                await handle_one(envelope, event, topic_name, None)
+                return
+            # A bundle (ADR 0034): its envelopes in order, each on its own. One that cannot be
+            # read or handled is dead-lettered alone, named by its place in the record.
             try:
-                envelope = read_envelope(event.value, wanted)
-                if envelope is None:
-                    return  # a known event this handler does not read
+                documents = documents_of(value)
             except ContractError as error:
                 await runtime.dead_letter(topic_name, event, f"contract: {error}", kind="contract")
                 return
+            for index, document in enumerate(documents):
+                try:
+                    envelope = envelope_of(document, wanted)
+                except ContractError as error:
+                    await runtime.dead_letter(topic_name, event, f"contract: {in_bundle(index, len(documents))}{error}",
+                                              kind="contract", value=orjson.dumps(document))
+                    continue
+                if envelope is None:
+                    continue
+                token = _bundle_index.set(index)
+                try:
+                    await handle_one(envelope, event, topic_name, (index, len(documents), document))
+                finally:
+                    _bundle_index.reset(token)
+
+        async def handle_one(envelope: Envelope, event, topic_name: str, place: tuple[int, int, Any] | None) -> None:
             try:
                 await handler(envelope, event)
             except TemporaryError:
@@ -547,8 +623,10 @@ class ServiceRuntime:
                     event_type=envelope.event_type,
                     topic=topic_name,
                 )
+                where = "" if place is None else in_bundle(place[0], place[1])
                 await runtime.dead_letter(
-                    topic_name, event, f"handler: {type(error).__name__}: {error}", kind="handler"
+                    topic_name, event, f"handler: {where}{type(error).__name__}: {error}", kind="handler",
+                    value=None if place is None else orjson.dumps(place[2]),
                 )
 
         async def batches(stream):
@@ -557,7 +635,8 @@ class ServiceRuntime:
                     yield [event]
             else:
                 async for events in stream.take_events(runtime.batch_size, within=runtime.batch_within_s):
-                    yield events
+                    for chunk in within_batch_ids(events):
+                        yield chunk
 
         async def agent(stream):
             async for events in batches(stream):
@@ -919,13 +998,14 @@ class ServiceRuntime:
         return (not app.rebalancing and app.flow_control.is_active()
                 and event.message.generation_id == app.consumer_generation_id)
 
-    async def dead_letter(self, topic_name: str, event: Any, error: str, *, kind: str) -> None:
-        await self.dead_letter_record(topic_name, event.message, error, kind=kind)
+    async def dead_letter(self, topic_name: str, event: Any, error: str, *, kind: str, value: bytes | None = None) -> None:
+        await self.dead_letter_record(topic_name, event.message, error, kind=kind, value=value)
 
     async def dead_letter_record(self, topic_name: str, message: Any, error: str, *, kind: str,
-                                 consumer: str | None = None) -> None:
+                                 consumer: str | None = None, value: bytes | None = None) -> None:
         """`message`: anything with key, value, topic, partition and offset (a faust message or
-        an aiokafka record); `consumer` names the reader in the headers (default: the app id)."""
+        an aiokafka record); `consumer` names the reader in the headers (default: the app id).
+        `value`: what to dead-letter instead of the whole record (one envelope of a bundle)."""
         self.log.warning(
             "message dead-lettered",
             topic=topic_name,
@@ -937,7 +1017,7 @@ class ServiceRuntime:
         MESSAGES_DEAD_LETTERED.labels(self.settings.service, topic_name, kind).inc()
         fut = await self.topic(f"{topic_name}.dlq").send(
             key=message.key,
-            value=message.value,
+            value=message.value if value is None else value,
             headers=dlq_headers(error, message.topic, message.partition, message.offset,
                                 consumer or self.settings.app_id),
         )
@@ -955,6 +1035,28 @@ class ServiceRuntime:
         if batch is not None:
             outputs = self._hold_latest(batch, outputs)
         pending = await self._send(outputs)
+        if batch is not None:
+            batch.acks.extend(pending)
+            return
+        for fut in pending:
+            await fut
+
+    async def publish_bundled(self, outputs: Iterable[Output]) -> None:
+        """publish, with the outputs bound for one topic and key sent together as one bundle
+        record (ADR 0034), in their order. Only for outputs whose readers all read bundles
+        (the runtime's consume does). Outside a batch, wait right here."""
+        batch = _current_batch.get()
+        outputs = list(outputs) if batch is None else self._hold_latest(batch, outputs)
+        groups: dict[tuple[str, str], list[Envelope]] = {}
+        for output in outputs:
+            groups.setdefault((output.topic, output.key), []).append(output.envelope)
+        producer = self.app.producer
+        topic = self.settings.topic
+        pending = []
+        for (name, key), envelopes in groups.items():
+            for value, count in encode_bundle(envelopes):
+                headers = [(BUNDLE_HEADER, str(count).encode())] if count > 1 else None
+                pending.append(await producer.send(topic(name), key.encode(), value, None, None, headers))
         if batch is not None:
             batch.acks.extend(pending)
             return

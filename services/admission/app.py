@@ -97,7 +97,7 @@ runtime.consume("qm.cluster", on_submitted, batched=True, reads=[WorkloadSubmitt
 FACT_LANE_GROUP = f"{settings.app_id}-facts"
 fact_lane = FactLane(
     settings.kafka_bootstrap, settings.topic("qm.cluster"), FACT_LANE_GROUP,
-    route=lambda envelope: cohort_stream_outputs(envelope, config), send=runtime.publish,
+    route=lambda envelope: cohort_stream_outputs(envelope, config), send=runtime.publish_bundled,
     dead_letter=lambda record, error, kind: runtime.dead_letter_record(
         "qm.cluster", record, error, kind=kind, consumer=FACT_LANE_GROUP),
     takeover_group=os.environ.get("QM_FACT_LANE_TAKEOVER_GROUP") or None,

@@ -121,6 +121,50 @@ def decode(data: bytes | str) -> Envelope:
     return from_document(parse(data))
 
 
+#: The most envelopes one bundle record carries (ADR 0034); a producer splits a longer run.
+BUNDLE_MAX = 100
+
+
+def encode_bundle(envelopes: list[Envelope]) -> list[tuple[bytes, int]]:
+    """Envelopes bound for one topic and key, in their order, as few records as possible: runs
+    of up to BUNDLE_MAX as one JSON array of envelopes each (ADR 0034), with how many each
+    holds. A run of one stays a plain envelope. Each is validated strictly, as by encode."""
+    encoded = [encode(envelope) for envelope in envelopes]
+    return [
+        (run[0] if len(run) == 1 else b"[" + b",".join(run) + b"]", len(run))
+        for run in (encoded[i : i + BUNDLE_MAX] for i in range(0, len(encoded), BUNDLE_MAX))
+    ]
+
+
+def documents_of(data: bytes | str) -> list[Any]:
+    """The envelope documents of a record, unvalidated: one for a plain envelope, each element
+    of a bundle in order. Raises ContractError if it is not JSON or an empty bundle."""
+    document = parse(data)
+    if not isinstance(document, list):
+        return [document]
+    if not document:
+        raise ContractError("message", "an empty bundle (a JSON array with no envelopes)")
+    return document
+
+
+def in_bundle(index: int, count: int) -> str:
+    """Where an envelope sits, for error messages: '' for a record of one envelope."""
+    return f"envelope {index + 1} of {count} in the record: " if count > 1 else ""
+
+
+def decode_all(data: bytes | str) -> list[Envelope]:
+    """Every envelope of a record (one, or a bundle's, in order), validated leniently. Raises
+    ContractError naming the envelope's place in a bundle."""
+    documents = documents_of(data)
+    envelopes = []
+    for index, document in enumerate(documents):
+        try:
+            envelopes.append(from_document(document))
+        except ContractError as error:
+            raise ContractError(f"{in_bundle(index, len(documents))}{error.where}", error.problem) from None
+    return envelopes
+
+
 def parse(data: bytes | str) -> Any:
     """The JSON document of a message, unvalidated. Raises ContractError if it is not JSON."""
     try:

@@ -38,6 +38,7 @@ from services.adapters.runtime import (
     ServiceRuntime,
     TemporaryError,
     _current_batch,
+    record_position,
 )
 from services.adapters.settings import Settings
 from services.contracts.codec import ContractError, Envelope, from_document, parse
@@ -134,8 +135,7 @@ async def on_workload_event(envelope: Envelope, event) -> None:
     cohort = event.key.decode() if event.key else "~none"
     batch = _current_batch.get()
     try:
-        message = event.message
-        result = ledger.step(cohort, _BatchStore(batch), envelope, (message.partition, message.offset))
+        result = ledger.step(cohort, _BatchStore(batch), envelope, record_position(event))
         if result is None:
             DUPLICATES_SKIPPED.labels(SERVICE, ledger_table.name).inc()
             return

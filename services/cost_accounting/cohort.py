@@ -17,13 +17,15 @@ Stored records (faust writes each to the changelog partition of the event being 
 which is the cohort key's partition, so keys can be anything)::
 
     "cohort|<key>"  {"v": n, "watermarkMs", "closedThroughMs", "namespaceLabels", "configAt",
-                     "pos": [source partition, offset of the last record applied] | None,
+                     "pos": [source partition, offset, envelope index of the last envelope
+                             applied] | None (the index counts within a bundle, ADR 0034),
                      "seen": [last SEEN_WINDOW event ids applied to this key]}
     "<uid>"         {"c": key, "book": json text of book_to_dict | None, "memo": memo | None}
                     or {"c": key, "gone": finished_at_ms}   (pruned past the correction horizon)
 
-The cohort record decides whether an event was applied: a record at or before ``pos`` (same
-source partition: a cohort key's records are in one partition, in offset order), or an id in
+The cohort record decides whether an event was applied: an envelope at or before ``pos`` (same
+source partition: a cohort key's records are in one partition, in offset order; the envelopes of
+a bundle record in their order), or an id in
 ``seen``. Records stay small (~1-2 KB), so a batch writes little. :meth:`CohortLedger.step`
 returns the records to write, workload records first and the cohort record last; the shell
 stores them after the outputs are acknowledged (ADR 0001). A crash between two writes leaves
@@ -122,6 +124,15 @@ def _no_labels(_namespace: str) -> None:
     return None
 
 
+#: The envelope index of a position stored before ADR 0034 (partition and offset only): its
+#: record was one envelope, so everything at that offset was applied.
+WHOLE_RECORD = 1 << 30
+
+
+def _stored_position(pos: list[int]) -> tuple[int, int, int]:
+    return (pos[0], pos[1], pos[2] if len(pos) > 2 else WHOLE_RECORD)
+
+
 @dataclass(slots=True)
 class _Live:
     v: int
@@ -129,7 +140,7 @@ class _Live:
     memos: dict[str, dict[str, Any]]
     seen: list[str] = field(default_factory=list)
     seen_set: set[str] = field(default_factory=set)
-    pos: tuple[int, int] | None = None
+    pos: tuple[int, int, int] | None = None
     # The cohort record's copy of the namespace labels, shared by its records until a
     # NamespaceLabeled is applied (never mutated). Copying every namespace's labels for every
     # event was 6% of the service in kueue-large-scale (100 namespaces per cohort).
@@ -179,7 +190,7 @@ class CohortLedger:
             state.namespace_labels = {ns: dict(labels) for ns, labels in meta["namespaceLabels"].items()}
             state.config_at = dict(meta["configAt"])
             seen = list(meta["seen"])
-            pos = tuple(meta["pos"]) if meta.get("pos") else None
+            pos = _stored_position(meta["pos"]) if meta.get("pos") else None
         books = []
         for uid, value in store.items():
             if not isinstance(value, dict) or value.get("c") != cohort or uid.startswith(COHORT_PREFIX):
@@ -203,17 +214,20 @@ class CohortLedger:
     # -- the fold ---------------------------------------------------------------------
 
     def step(
-        self, cohort: str, store: Store, envelope: Envelope, position: tuple[int, int] | None = None
+        self, cohort: str, store: Store, envelope: Envelope, position: tuple[int, ...] | None = None
     ) -> tuple[dict[str, Any], list[Any]] | None:
-        """``position``: (partition, offset) of the source record, when read from the bus."""
+        """``position``: (partition, offset[, envelope index in a bundle]) of the envelope, when
+        read from the bus."""
         if envelope.event_type not in FOLDED_TYPES:
             return {}, []
         live = self._load(cohort, store)
         eid = envelope.event_id
         if eid in live.seen_set:
             return None
-        if position is not None and live.pos is not None and position[0] == live.pos[0] and position[1] <= live.pos[1]:
-            return None
+        if position is not None:
+            position = (position[0], position[1], position[2] if len(position) > 2 else 0)
+            if live.pos is not None and position[0] == live.pos[0] and position[1:] <= live.pos[1:]:
+                return None
         state, memos = live.state, live.memos
         uid = workload_uid_of(envelope)
         memo_dict = memos.get(uid) if uid else None
@@ -254,7 +268,7 @@ class CohortLedger:
             del live.seen[: len(live.seen) - SEEN_WINDOW]
         live.v += 1
         if position is not None:
-            live.pos = (position[0], position[1])
+            live.pos = position  # type: ignore[assignment]
         writes[cohort_record_key(cohort)] = {  # ... the cohort record (version, seen ids) last
             "v": live.v,
             "watermarkMs": state.watermark_ms,

@@ -10,7 +10,7 @@ from decimal import Decimal
 
 from aiokafka import AIOKafkaConsumer
 
-from services.contracts.codec import ContractError, decode, parse_utc
+from services.contracts.codec import ContractError, decode_all, parse_utc
 
 
 @dataclass
@@ -119,7 +119,8 @@ async def follow(bootstrap: str, prefix: str, observed: Observed, stop: asyncio.
                 for record in records:
                     observed.events += 1
                     try:
-                        observed.apply(decode(record.value))
+                        for envelope in decode_all(record.value):  # a bundle: each of its envelopes (ADR 0034)
+                            observed.apply(envelope)
                     except ContractError:
                         continue
     finally:

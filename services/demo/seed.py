@@ -29,7 +29,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from services.adapters.bus import Publisher, create_topics, wait_for_broker
-from services.contracts.codec import ContractError, Envelope, decode, make_envelope, utc_iso
+from services.contracts.codec import ContractError, Envelope, decode_all, make_envelope, utc_iso
 from services.contracts.events import (
     ClockTick,
     NamespaceLabels,
@@ -214,7 +214,7 @@ class Trail:
                     logical = tp.topic[len(self.prefix):]
                     for record in records:
                         try:
-                            self.envelopes.append((logical, decode(record.value)))
+                            self.envelopes.extend((logical, e) for e in decode_all(record.value))
                         except ContractError:
                             pass
         finally:

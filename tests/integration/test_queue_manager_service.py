@@ -181,6 +181,53 @@ async def test_records_nobody_reads_are_dropped_on_arrival_and_still_committed(k
     assert [r.value for r in dead] == [b"{not json", truncated]  # dead-lettered, as before
 
 
+async def test_bundled_records_are_applied_envelope_by_envelope(kafka_bootstrap, topic_prefix, tmp_path):
+    """ADR 0034: a record may carry several envelopes of one key (admission's fact lane sends
+    its facts so). Each is applied in its order; one that breaks its contract is dead-lettered
+    alone, named by its place; a bundle read twice is applied once (event ids); a bundle of
+    types the queue-manager does not read is dropped on arrival."""
+    def filler(i: int) -> object:
+        return make_envelope(NamespaceLabels(namespace=f"ns-{i}", labels={"note": "filler"}), producer="test",
+                             occurred_at="2026-11-29T10:00:00Z", identity=("filler", i))
+
+    def bundle(*documents: bytes) -> bytes:
+        return b"[" + b",".join(documents) + b"]"
+
+    broken = encode(validated("w-broken", 4)).replace(b'"uid":"uid-w-broken",', b"")
+    first = bundle(encode(validated("w0", 4)), broken, encode(validated("w1", 4)))
+    async with Publisher(kafka_bootstrap, topic_prefix) as bus:
+        await bus.publish_raw("qm.workloads", b"gpu-queue", first)
+        await bus.publish_raw("qm.workloads", b"gpu-queue", bundle(encode(filler(1)), encode(filler(2))))
+        await bus.publish_raw("qm.workloads", b"gpu-queue", first)  # read again, as after a crash upstream
+        await bus.publish_raw("qm.workloads", b"gpu-queue", bundle(encode(filler(3)), encode(validated("w2", 4))))
+        await bus.flush()
+    worker = start_worker("services.queue_manager", env(topic_prefix, tmp_path, SEED), tmp_path / "qm.log")
+    topic = topic_prefix + "qm.workloads"
+    try:
+        worker.wait_ready()
+
+        async def all_decided():
+            trail = await events_on(kafka_bootstrap, topic)
+            return sum(e.event_type == "workload.quota_reserved.v1" for e in trail) >= 3
+
+        await wait_for(all_decided, 60, "reservations for w0, w1 and w2")
+        dead: list = []
+
+        async def dead_lettered_twice():  # the broken envelope, once per reading of its bundle
+            dead[:] = [r async for r in read_topic(kafka_bootstrap, topic + ".dlq", idle_timeout_s=0.3)]
+            return len(dead) >= 2
+
+        await wait_for(dead_lettered_twice, 30, "the broken envelope on qm.workloads.dlq")
+        await asyncio.sleep(1.0)
+    finally:
+        worker.stop()
+    trail = await events_on(kafka_bootstrap, topic)
+    assert [e.payload.name for e in trail if e.event_type == "workload.quota_reserved.v1"] == ["w0", "w1", "w2"]
+    assert [r.value for r in dead] == [broken, broken]  # the envelope alone, not its bundle
+    error = dict(dead[0].headers)["qm-error"].decode()
+    assert error.startswith("contract: envelope 2 of 3 in the record: ") and "uid" in error, error
+
+
 def cohort_config(directory: Path, cohorts: int = 3, queues: int = 2) -> None:
     docs = [{"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor", "metadata": {"name": "a100-flavor"},
              "spec": {"nodeLabels": {"gpu.nvidia.com/class": "a100"}}}]

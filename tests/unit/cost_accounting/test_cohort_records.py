@@ -187,3 +187,35 @@ def test_the_cohort_record_names_the_labels_of_its_time_and_earlier_records_keep
         store.update(writes)
         records.append(writes[cohort_record_key("ml")])
     assert [r["namespaceLabels"]["ml-team"][CC_LABEL] for r in records] == ["cc-ml", "cc-ml", "cc-ml", "cc-research"]
+
+
+def run_bundled(ledger: CohortLedger, store: dict, envelopes, per_record: int) -> list:
+    """Step each envelope at its place in records of `per_record` envelopes (bundles, ADR 0034)."""
+    outputs = []
+    for i, envelope in enumerate(envelopes):
+        result = ledger.step("ml", store, envelope, (0, i // per_record, i % per_record))
+        if result is not None:
+            writes, produced = result
+            store.update(writes)
+            outputs.extend(produced)
+    return outputs
+
+
+def test_every_envelope_of_a_bundle_is_applied_though_they_share_an_offset():
+    """A position names the envelope within its record: the second envelope at an offset is new."""
+    envelopes = stream()
+    _, expected = fold_cohorts(CostConfig(), [("ml", e) for e in envelopes], LABELS)
+    store: dict = {}
+    outputs = run_bundled(CohortLedger(CostConfig(), labels=LABELS.get), store, envelopes, per_record=3)
+    assert rows(outputs) == rows(expected)
+    assert store[cohort_record_key("ml")]["pos"] == [0, (len(envelopes) - 1) // 3, (len(envelopes) - 1) % 3]
+
+
+def test_a_position_stored_before_bundles_covers_its_whole_record():
+    envelopes = stream()
+    store: dict = {}
+    run(CohortLedger(CostConfig(), labels=LABELS.get), store, envelopes[:3])
+    store[cohort_record_key("ml")] = {**store[cohort_record_key("ml")], "pos": [0, 2], "seen": []}  # an older writer's
+    restarted = CohortLedger(CostConfig(), labels=LABELS.get)
+    assert restarted.step("ml", store, envelopes[3], (0, 2, 1)) is None  # at the stored offset: applied
+    assert restarted.step("ml", store, envelopes[3], (0, 3, 0)) is not None  # past it: new
