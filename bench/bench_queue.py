@@ -58,7 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from common import machine  # noqa: E402
+from common import envelope_values, machine  # noqa: E402
 
 from services.adapters.bus import create_topics, wait_for_broker  # noqa: E402
 from services.contracts.codec import encode, make_envelope  # noqa: E402
@@ -216,15 +216,15 @@ class Trail:
             for records in batch.values():
                 for r in records:
                     self.records += 1
-                    value = r.value
-                    head = value[:200]
-                    if VALIDATED in head:
-                        self.validated[orjson.loads(value)["payload"]["uid"]] = r.timestamp
-                    elif RESERVED in head or DECISIONS[1] in head:
-                        uid = orjson.loads(value)["payload"]["uid"]
-                        if uid not in self.decided:
-                            self.decided[uid] = (r.timestamp, RESERVED in head)
-                            self.decision_ts.append(r.timestamp)
+                    for value in envelope_values(r.value):  # a bundle: each decision (ADR 0034)
+                        head = value[:200]
+                        if VALIDATED in head:
+                            self.validated[orjson.loads(value)["payload"]["uid"]] = r.timestamp
+                        elif RESERVED in head or DECISIONS[1] in head:
+                            uid = orjson.loads(value)["payload"]["uid"]
+                            if uid not in self.decided:
+                                self.decided[uid] = (r.timestamp, RESERVED in head)
+                                self.decision_ts.append(r.timestamp)
 
     async def wait_decisions(self, n: int, timeout_s: float, quiet_s: float = 5.0) -> bool:
         """Until n decisions are seen, or nothing new arrives for quiet_s, or timeout."""

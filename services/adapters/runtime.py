@@ -114,6 +114,8 @@ class _Batch:
         # sends a handler gathered over the batch (e.g. one record per key): run at its commit,
         # before the acknowledgements are awaited; each returns the acks of what it sent
         self.flushes: list[Callable[[], Awaitable[list[Any]]]] = []
+        # outputs held to the commit when the runtime sends some topics in bundles (ADR 0034)
+        self.held: list[Output] = []
         self.applied: dict[tuple[int, str], int] = {}  # (table id, key) -> event ids apply_once took
         self.writes: dict[tuple[int, str], tuple[Any, str, Any, Any]] = {}
         self.owner = owner  # the agent (the id of its first applied-offset table)
@@ -511,6 +513,9 @@ class ServiceRuntime:
         # 500 events/s the wait is most of an event's latency (bench-queue p50 24 -> 10 ms, p99
         # 129 -> 84 ms going from 20 to 5 ms, throughput unchanged).
         self.batch_within_s = float(os.environ.get("QM_BATCH_WITHIN_S", 0.005))
+        # Topics whose outputs a batch sends as bundles, one record per key (ADR 0034). Empty:
+        # every output is one record, sent as soon as it is published.
+        self.bundled_topics: frozenset[str] = frozenset()
         # More conditions for /readyz, by name (shown in its answer): a service's other consumers.
         self.ready_checks: dict[str, Callable[[], bool]] = {}
         self._register_pages()
@@ -707,7 +712,8 @@ class ServiceRuntime:
                 batch.first_offsets.setdefault(tp, offset)
             if not all(self._still_owned(event) for event in handled):
                 # Its partitions may have moved and their tables been recovered anew. The
-                # outputs already sent are the ones the fold sends again, with the same ids.
+                # outputs already sent are the ones the fold sends again, with the same ids
+                # (outputs held for bundles are not sent: the new owner sends them).
                 # (Its in-place changes stay in memory: rare, since a revocation waits for the
                 # batch under way, see _store_before_revocation.)
                 REFETCHED_AFTER_REBALANCE.labels(self.settings.service, label).inc(len(handled))
@@ -728,6 +734,8 @@ class ServiceRuntime:
         was never written: we write and wait for the changelog acks ourselves. A value that
         was not stored when the worker died is rebuilt by replaying its events from the held
         cursor: the fold sends the same outputs with the same ids again (ADR 0001)."""
+        if batch.held:
+            batch.acks.extend(await self._send_held(batch.held))
         for flush in batch.flushes:
             batch.acks.extend(await flush())
         if batch.latest:
@@ -1034,6 +1042,9 @@ class ServiceRuntime:
         batch = _current_batch.get()
         if batch is not None:
             outputs = self._hold_latest(batch, outputs)
+            if self.bundled_topics:  # all held, so that none overtakes the bundles it follows
+                batch.held.extend(outputs)
+                return
         pending = await self._send(outputs)
         if batch is not None:
             batch.acks.extend(pending)
@@ -1041,12 +1052,13 @@ class ServiceRuntime:
         for fut in pending:
             await fut
 
-    async def publish_bundled(self, outputs: Iterable[Output]) -> None:
-        """publish, with the outputs bound for one topic and key sent together as one bundle
-        record (ADR 0034), in their order. Only for outputs whose readers all read bundles
-        (the runtime's consume does). Outside a batch, wait right here."""
-        batch = _current_batch.get()
-        outputs = list(outputs) if batch is None else self._hold_latest(batch, outputs)
+    async def _send_held(self, held: list[Output]) -> list[Any]:
+        """A batch's held outputs: those of bundled topics first, one bundle per topic and key
+        in their order, then the rest in theirs. Every record still follows what caused it."""
+        bundled = [o for o in held if o.topic in self.bundled_topics]
+        return await self._send_bundles(bundled) + await self._send([o for o in held if o.topic not in self.bundled_topics])
+
+    async def _send_bundles(self, outputs: list[Output]) -> list[Any]:
         groups: dict[tuple[str, str], list[Envelope]] = {}
         for output in outputs:
             groups.setdefault((output.topic, output.key), []).append(output.envelope)
@@ -1057,6 +1069,15 @@ class ServiceRuntime:
             for value, count in encode_bundle(envelopes):
                 headers = [(BUNDLE_HEADER, str(count).encode())] if count > 1 else None
                 pending.append(await producer.send(topic(name), key.encode(), value, None, None, headers))
+        return pending
+
+    async def publish_bundled(self, outputs: Iterable[Output]) -> None:
+        """publish, with the outputs bound for one topic and key sent together as one bundle
+        record (ADR 0034), in their order. Only for outputs whose readers all read bundles
+        (the runtime's consume does). Outside a batch, wait right here."""
+        batch = _current_batch.get()
+        outputs = list(outputs) if batch is None else self._hold_latest(batch, outputs)
+        pending = await self._send_bundles(outputs)
         if batch is not None:
             batch.acks.extend(pending)
             return

@@ -93,6 +93,7 @@ async def on_submitted(envelope: Envelope, event) -> None:
 # end. One at a time, each submission waited for its decision's broker round trip and the agent
 # spent ~75% of the baseline bench's submission burst waiting (p50 submitted -> validated 7 s).
 # It reads only submissions (and dead-letters what nobody can read); the fact lane the rest.
+runtime.bundled_topics = frozenset({"qm.workloads"})  # a batch's verdicts, one bundle per cohort (ADR 0034)
 runtime.consume("qm.cluster", on_submitted, batched=True, reads=[WorkloadSubmitted])
 FACT_LANE_GROUP = f"{settings.app_id}-facts"
 fact_lane = FactLane(

@@ -204,6 +204,9 @@ async def follow_live_state() -> None:
     await live.run()
 
 
+# A batch's decisions reach the cohort's stream as one bundle per cohort (ADR 0034): read back
+# by this fold and the cost service, one record each instead of one per decision.
+runtime.bundled_topics = frozenset({"qm.workloads"})
 runtime.consume("qm.workloads", on_workload_event, batched=True, reads=fold.FOLDED)  # the cohort table's only writer
 runtime.consume("qm.clock", on_clock_tick)
 

@@ -41,7 +41,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from services.adapters.bus import Publisher
-from services.contracts.codec import ContractError, Envelope, decode, parse_utc
+from services.contracts.codec import ContractError, Envelope, decode, decode_all, parse_utc
 from services.contracts.events import ActionAdmit, ActionCleanup, ActionEvict
 from services.sim.config import synthetic_nodes
 from services.sim.workloads import (
@@ -377,15 +377,16 @@ class Simulator:
                     if not any(marker in record.value for marker in _NOT_TO_RUN):
                         continue
                     try:
-                        envelope = decode(record.value)
+                        envelopes = decode_all(record.value)  # a bundle: each of its verdicts (ADR 0034)
                     except ContractError:
                         continue  # the services' consumers dead-letter it
-                    st = self.workloads.get(getattr(envelope.payload, "uid", ""))
-                    if st is not None and envelope.event_type in _NOT_TO_RUN_TYPES \
-                            and st.status in ("new", "waiting", "suspended"):
-                        st.status = "not-to-run"
-                        self.stats.not_to_run += 1
-                        self._last_activity = time.monotonic()
+                    for envelope in envelopes:
+                        st = self.workloads.get(getattr(envelope.payload, "uid", ""))
+                        if st is not None and envelope.event_type in _NOT_TO_RUN_TYPES \
+                                and st.status in ("new", "waiting", "suspended"):
+                            st.status = "not-to-run"
+                            self.stats.not_to_run += 1
+                            self._last_activity = time.monotonic()
 
     async def _progress(self, now_sim: float, *, done: bool = False) -> None:
         self.stats.sim_seconds = now_sim

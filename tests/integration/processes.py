@@ -86,9 +86,10 @@ def start_worker(module: str, env: dict[str, str], log_path: Path, loglevel: str
 
 async def kill_when_written(
     worker: Worker, bootstrap: str, topic: str, records: int, timeout_s: float = 240,
-    counts: Callable[[Any], bool] = lambda _record: True,
+    counts: Callable[[Any], int | bool] = lambda _record: True,
 ) -> int:
-    """SIGKILL the worker as soon as `records` records (those that `counts`) are on the topic,
+    """SIGKILL the worker as soon as `records` records are on the topic (`counts`: how many a
+    record is, e.g. the envelopes of a type in a bundle; by default one each),
     and return how many were seen. The topic is followed, not polled: a fast worker finishes a
     whole test stream between two polls."""
     from aiokafka import AIOKafkaConsumer
@@ -101,7 +102,7 @@ async def kill_when_written(
             if time.monotonic() > deadline:
                 raise AssertionError(f"only {seen} of {records} records on {topic} before the kill; log:\n{worker.log()}")
             batch = await consumer.getmany(timeout_ms=20)
-            seen += sum(1 for batch_records in batch.values() for record in batch_records if counts(record))
+            seen += sum(int(counts(record)) for batch_records in batch.values() for record in batch_records)
         worker.kill()
         return seen
     finally:

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import uuid
+
 import orjson
 import pytest
 
 from services.adapters.bus import TypeSieve
-from services.adapters.runtime import BATCH_IDS_MAX, BUNDLE_HEADER, record_position, within_batch_ids
+from services.adapters.runtime import (
+    BATCH_IDS_MAX,
+    BUNDLE_HEADER,
+    Output,
+    ServiceRuntime,
+    _Batch,
+    _current_batch,
+    record_position,
+    within_batch_ids,
+)
+from services.adapters.settings import Settings
 from services.contracts.codec import (
     BUNDLE_MAX,
     ContractError,
@@ -96,3 +109,39 @@ def test_a_batch_is_cut_before_it_carries_more_envelopes_than_batch_ids_max():
 
 def test_a_position_outside_a_bundle_is_its_records_with_index_zero():
     assert record_position(Event(7, b"{}")) == (3, 7, 0)
+
+
+class FakeProducer:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes, bytes, object]] = []
+
+    async def send(self, topic, key, value, partition, timestamp, headers):
+        self.sent.append((topic, key, value, headers))
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(None)
+        return future
+
+
+async def test_a_batch_sends_its_held_outputs_bundled_per_key_before_the_records_they_caused():
+    runtime = ServiceRuntime(Settings(service="bundle-test", app_id_suffix=f"-{uuid.uuid4().hex[:6]}"))
+    runtime.bundled_topics = frozenset({"qm.workloads"})
+    producer = runtime.app.producer = FakeProducer()
+    batch = _Batch()
+    token = _current_batch.set(batch)
+    try:
+        await runtime.publish([Output("qm.workloads", "cohort-a", running("a")),
+                               Output("qm.actions", "a", tick()),
+                               Output("qm.workloads", "cohort-b", finished("b")),
+                               Output("qm.workloads", "cohort-a", finished("a"))])
+        assert producer.sent == []  # held to the commit
+        acks = await runtime._send_held(batch.held)
+    finally:
+        _current_batch.reset(token)
+    assert len(acks) == 3
+    sent = [(topic.split(".", 1)[-1] if "." in topic else topic, key, [e.event_type for e in decode_all(value)], headers)
+            for topic, key, value, headers in producer.sent]
+    assert [(key, types, headers) for _, key, types, headers in sent] == [
+        (b"cohort-a", ["workload.running.v1", "workload.finished.v1"], [(BUNDLE_HEADER, b"2")]),
+        (b"cohort-b", ["workload.finished.v1"], None),  # one envelope: a plain record
+        (b"a", ["clock.tick.v1"], None),  # after the bundles it follows
+    ]
