@@ -114,8 +114,9 @@ class _Batch:
         # sends a handler gathered over the batch (e.g. one record per key): run at its commit,
         # before the acknowledgements are awaited; each returns the acks of what it sent
         self.flushes: list[Callable[[], Awaitable[list[Any]]]] = []
-        # outputs held to the commit when the runtime sends some topics in bundles (ADR 0034)
+        # outputs held for bundles (ADR 0034): sent at the commit, or once held HOLD_MAX_S
         self.held: list[Output] = []
+        self.held_since = 0.0
         self.applied: dict[tuple[int, str], int] = {}  # (table id, key) -> event ids apply_once took
         self.writes: dict[tuple[int, str], tuple[Any, str, Any, Any]] = {}
         self.owner = owner  # the agent (the id of its first applied-offset table)
@@ -206,6 +207,9 @@ def _store(table: Any, key: str, value: Any, event: Any) -> Any:
 _current_batch: ContextVar[_Batch | None] = ContextVar("qm_batch", default=None)
 # Which envelope of the record under way a handler is applying (0 but in a bundle, ADR 0034).
 _bundle_index: ContextVar[int] = ContextVar("qm_bundle_index", default=0)
+# How long a batch holds outputs for bundles before it sends them (a long batch would otherwise
+# hold its first decisions for all of its fold).
+HOLD_MAX_S = 0.01
 # A bundle record's envelope count, in a header, so a batch can be cut before it takes more
 # event ids than BATCH_IDS_MAX without parsing its records first.
 BUNDLE_HEADER = "qm-envelopes"
@@ -1043,7 +1047,14 @@ class ServiceRuntime:
         if batch is not None:
             outputs = self._hold_latest(batch, outputs)
             if self.bundled_topics:  # all held, so that none overtakes the bundles it follows
+                if not batch.held:
+                    batch.held_since = time.monotonic()
                 batch.held.extend(outputs)
+                if time.monotonic() - batch.held_since >= HOLD_MAX_S:
+                    # a long batch: what it decided so far goes out now, not at its end
+                    held, batch.held = batch.held, []
+                    batch.acks.extend(await self._send_held(held))
+                    await asyncio.sleep(0)  # the producer's sender runs only when this task yields
                 return
         pending = await self._send(outputs)
         if batch is not None:

@@ -8,6 +8,7 @@ import uuid
 import orjson
 import pytest
 
+from services.adapters import runtime as runtime_module
 from services.adapters.bus import TypeSieve
 from services.adapters.runtime import (
     BATCH_IDS_MAX,
@@ -145,3 +146,19 @@ async def test_a_batch_sends_its_held_outputs_bundled_per_key_before_the_records
         (b"cohort-b", ["workload.finished.v1"], None),  # one envelope: a plain record
         (b"a", ["clock.tick.v1"], None),  # after the bundles it follows
     ]
+
+
+async def test_a_long_batch_sends_what_it_held_once_it_has_held_it_hold_max_s(monkeypatch):
+    runtime = ServiceRuntime(Settings(service="bundle-test", app_id_suffix=f"-{uuid.uuid4().hex[:6]}"))
+    runtime.bundled_topics = frozenset({"qm.workloads"})
+    producer = runtime.app.producer = FakeProducer()
+    monkeypatch.setattr(runtime_module, "HOLD_MAX_S", 0.0)
+    batch = _Batch()
+    token = _current_batch.set(batch)
+    try:
+        await runtime.publish([Output("qm.workloads", "cohort-a", running("a")),
+                               Output("qm.workloads", "cohort-a", finished("a"))])
+    finally:
+        _current_batch.reset(token)
+    assert [len(decode_all(value)) for _, _, value, _ in producer.sent] == [2]  # one bundle, sent at once
+    assert batch.held == [] and len(batch.acks) == 1  # its acknowledgement still awaited at the commit
