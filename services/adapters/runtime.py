@@ -1062,7 +1062,11 @@ class ServiceRuntime:
                     batch.acks.extend(await self._send_held(held))
                     await asyncio.sleep(0)  # the producer's sender runs only when this task yields
                 return
-        pending = await self._send(outputs)
+        await self._acknowledged(batch, await self._send(outputs))
+
+    @staticmethod
+    async def _acknowledged(batch: _Batch | None, pending: list[Any]) -> None:
+        """In a batch, its commit awaits the acknowledgements; outside one, here."""
         if batch is not None:
             batch.acks.extend(pending)
             return
@@ -1094,12 +1098,7 @@ class ServiceRuntime:
         (the runtime's consume does). Outside a batch, wait right here."""
         batch = _current_batch.get()
         outputs = list(outputs) if batch is None else self._hold_latest(batch, outputs)
-        pending = await self._send_bundles(outputs)
-        if batch is not None:
-            batch.acks.extend(pending)
-            return
-        for fut in pending:
-            await fut
+        await self._acknowledged(batch, await self._send_bundles(outputs))
 
     async def _send(self, outputs: Iterable[Output]) -> list[Any]:
         producer = self.app.producer

@@ -149,33 +149,30 @@ async def test_a_batch_sends_its_held_outputs_bundled_per_key_before_the_records
     ]
 
 
-async def test_a_long_batch_sends_what_it_held_once_it_has_held_it_hold_max_s(monkeypatch):
+async def publish_two_in_a_batch(*, bundling: bool) -> tuple[_Batch, FakeProducer]:
+    """Two outputs of one cohort published by a runtime that bundles qm.workloads, in a batch."""
     runtime = ServiceRuntime(Settings(service="bundle-test", app_id_suffix=f"-{uuid.uuid4().hex[:6]}"))
     runtime.bundled_topics = frozenset({"qm.workloads"})
     producer = runtime.app.producer = FakeProducer()
-    monkeypatch.setattr(runtime_module, "HOLD_MAX_S", 0.0)
     batch = _Batch()
-    batch.bundling = True  # as for a batch of BUNDLE_FROM_EVENTS events or more
+    batch.bundling = bundling  # as process() sets it for a batch of BUNDLE_FROM_EVENTS events or more
     token = _current_batch.set(batch)
     try:
         await runtime.publish([Output("qm.workloads", "cohort-a", running("a")),
                                Output("qm.workloads", "cohort-a", finished("a"))])
     finally:
         _current_batch.reset(token)
+    return batch, producer
+
+
+async def test_a_long_batch_sends_what_it_held_once_it_has_held_it_hold_max_s(monkeypatch):
+    monkeypatch.setattr(runtime_module, "HOLD_MAX_S", 0.0)
+    batch, producer = await publish_two_in_a_batch(bundling=True)
     assert [len(decode_all(value)) for _, _, value, _ in producer.sent] == [2]  # one bundle, sent at once
     assert batch.held == [] and len(batch.acks) == 1  # its acknowledgement still awaited at the commit
 
 
 async def test_a_small_batch_sends_its_outputs_one_by_one_at_once():
-    runtime = ServiceRuntime(Settings(service="bundle-test", app_id_suffix=f"-{uuid.uuid4().hex[:6]}"))
-    runtime.bundled_topics = frozenset({"qm.workloads"})
-    producer = runtime.app.producer = FakeProducer()
-    batch = _Batch()  # bundling is off until a batch has BUNDLE_FROM_EVENTS events
-    token = _current_batch.set(batch)
-    try:
-        await runtime.publish([Output("qm.workloads", "cohort-a", running("a")),
-                               Output("qm.workloads", "cohort-a", finished("a"))])
-    finally:
-        _current_batch.reset(token)
+    batch, producer = await publish_two_in_a_batch(bundling=False)
     assert [len(decode_all(value)) for _, _, value, _ in producer.sent] == [1, 1]
     assert batch.held == []

@@ -71,11 +71,12 @@ def rows(outputs) -> list[tuple]:
     return [(o.envelope.event_id, o.envelope.payload) for o in outputs if o.topic == "qm.billing"]
 
 
-def run(ledger: CohortLedger, store: dict, envelopes, first_offset: int | None = 0) -> list:
-    """Step each envelope (source offsets from ``first_offset``; None: no positions, as fold_cohorts)."""
+def run(ledger: CohortLedger, store: dict, envelopes, first_offset: int | None = 0, per_record: int = 1) -> list:
+    """Step each envelope (source offsets from ``first_offset``, ``per_record`` envelopes to a
+    record as in bundles, ADR 0034; None: no positions, as fold_cohorts)."""
     outputs = []
-    for offset, envelope in enumerate(envelopes, first_offset or 0):
-        position = None if first_offset is None else (0, offset)
+    for i, envelope in enumerate(envelopes):
+        position = None if first_offset is None else (0, first_offset + i // per_record, i % per_record)
         result = ledger.step("ml", store, envelope, position)
         if result is not None:
             writes, produced = result
@@ -189,24 +190,12 @@ def test_the_cohort_record_names_the_labels_of_its_time_and_earlier_records_keep
     assert [r["namespaceLabels"]["ml-team"][CC_LABEL] for r in records] == ["cc-ml", "cc-ml", "cc-ml", "cc-research"]
 
 
-def run_bundled(ledger: CohortLedger, store: dict, envelopes, per_record: int) -> list:
-    """Step each envelope at its place in records of `per_record` envelopes (bundles, ADR 0034)."""
-    outputs = []
-    for i, envelope in enumerate(envelopes):
-        result = ledger.step("ml", store, envelope, (0, i // per_record, i % per_record))
-        if result is not None:
-            writes, produced = result
-            store.update(writes)
-            outputs.extend(produced)
-    return outputs
-
-
 def test_every_envelope_of_a_bundle_is_applied_though_they_share_an_offset():
     """A position names the envelope within its record: the second envelope at an offset is new."""
     envelopes = stream()
     _, expected = fold_cohorts(CostConfig(), [("ml", e) for e in envelopes], LABELS)
     store: dict = {}
-    outputs = run_bundled(CohortLedger(CostConfig(), labels=LABELS.get), store, envelopes, per_record=3)
+    outputs = run(CohortLedger(CostConfig(), labels=LABELS.get), store, envelopes, per_record=3)
     assert rows(outputs) == rows(expected)
     assert store[cohort_record_key("ml")]["pos"] == [0, (len(envelopes) - 1) // 3, (len(envelopes) - 1) % 3]
 
