@@ -39,6 +39,7 @@ from aiokafka.admin import AIOKafkaAdminClient  # noqa: E402
 
 from services.adapters import bus  # noqa: E402
 from services.adapters.bus import create_topics  # noqa: E402
+from services.contracts.codec import documents_of  # noqa: E402
 from services.demo.stack import SERVICES, Stack, free_base_port, service_nice  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -538,7 +539,7 @@ def envelope_values(value: bytes) -> list[bytes]:
     """The envelopes a record carries, each as its own JSON: one, or a bundle's (ADR 0034)."""
     if value[:1] != b"[":
         return [value]
-    return [orjson.dumps(document) for document in orjson.loads(value)]
+    return [orjson.dumps(document) for document in documents_of(value)]
 
 
 def one_per_envelope(records: list[Any]) -> list[Any]:

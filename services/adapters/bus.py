@@ -23,8 +23,8 @@ from services.contracts.codec import (
     Envelope,
     documents_of,
     encode,
-    from_document,
-    in_bundle,
+    envelope_of,
+    envelopes_in,
     parse,
 )
 from services.contracts.schemas import TopicSpec, dlq_retention_ms, topic_specs
@@ -224,11 +224,8 @@ async def read_envelopes(bootstrap: str, topic: str) -> AsyncIterator[tuple[RawR
         except ContractError as error:
             yield record, error
             continue
-        for index, document in enumerate(documents):  # a bundle's envelopes one by one (ADR 0034)
-            try:
-                yield record, from_document(document)
-            except ContractError as error:
-                yield record, ContractError(f"{in_bundle(index, len(documents))}{error.where}", error.problem)
+        for _, _, envelope in envelopes_in(documents):  # a bundle's envelopes one by one (ADR 0034)
+            yield record, envelope  # type: ignore[misc]
 
 
 def read_envelope(value: bytes, wanted: frozenset[str] | None) -> Envelope | None:
@@ -236,15 +233,6 @@ def read_envelope(value: bytes, wanted: frozenset[str] | None) -> Envelope | Non
     not `wanted` (passed over unvalidated). Raises ContractError for anything unreadable,
     including an unknown event type."""
     return envelope_of(parse(value), wanted)
-
-
-def envelope_of(document: Any, wanted: frozenset[str] | None) -> Envelope | None:
-    """read_envelope for a document already parsed (one envelope of a bundle)."""
-    if wanted is not None and isinstance(document, dict):
-        event_type = document.get("event_type")
-        if event_type not in wanted and event_type in RECORD_TYPES:
-            return None
-    return from_document(document)
 
 
 class TypeSieve:
@@ -329,14 +317,11 @@ async def follow(
                     except ContractError as error:
                         log.warning("unreadable record on %s skipped: %s", record.topic, error)
                         continue
-                    for index, document in enumerate(documents):
-                        try:
-                            envelope = envelope_of(document, wanted)
-                            if envelope is not None:
-                                on_payload(envelope.payload)
-                        except ContractError as error:
-                            log.warning("unreadable record on %s skipped: %s%s", record.topic,
-                                        in_bundle(index, len(documents)), error)
+                    for _, _, envelope in envelopes_in(documents, wanted):
+                        if isinstance(envelope, ContractError):
+                            log.warning("unreadable record on %s skipped: %s", record.topic, envelope)
+                        elif envelope is not None:
+                            on_payload(envelope.payload)
             if caught_up is not None and not caught_up.is_set():
                 for tp in list(behind):
                     if await consumer.position(tp) >= end[tp]:

@@ -30,7 +30,7 @@ from faust.transport.drivers.aiokafka import ensure_aiokafka_TP
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Info, generate_latest
 
 from services.adapters import logs
-from services.adapters.bus import TypeSieve, dlq_headers, envelope_of, read_envelope
+from services.adapters.bus import TypeSieve, dlq_headers
 from services.adapters.gc_tuning import freeze_startup_objects, tune_gc
 from services.adapters.settings import Settings
 from services.contracts.codec import (
@@ -40,6 +40,7 @@ from services.contracts.codec import (
     documents_of,
     encode,
     encode_bundle,
+    envelopes_in,
     in_bundle,
 )
 from services.contracts.schemas import topic_specs
@@ -592,32 +593,24 @@ class ServiceRuntime:
         async def handle(event) -> None:
             topic_name = runtime._base_names.get(event.message.topic, label)
             MESSAGES_CONSUMED.labels(runtime.settings.service, topic_name).inc()
-            value = event.value
-            if not value or value[:1] != b"[":
-                try:
-                    envelope = read_envelope(value, wanted)
-                    if envelope is None:
-                        return  # a known event this handler does not read
-                except ContractError as error:
-                    await runtime.dead_letter(topic_name, event, f"contract: {error}", kind="contract")
-                    return
-                await handle_one(envelope, event, topic_name, None)
-                return
-            # A bundle (ADR 0034): its envelopes in order, each on its own. One that cannot be
-            # read or handled is dead-lettered alone, named by its place in the record.
+            # A record holds one envelope, or a bundle's in order (ADR 0034), each applied on its
+            # own; one of a bundle that cannot be read or handled is dead-lettered alone, named
+            # by its place in the record.
             try:
-                documents = documents_of(value)
+                documents = documents_of(event.value)
             except ContractError as error:
                 await runtime.dead_letter(topic_name, event, f"contract: {error}", kind="contract")
                 return
-            for index, document in enumerate(documents):
-                try:
-                    envelope = envelope_of(document, wanted)
-                except ContractError as error:
-                    await runtime.dead_letter(topic_name, event, f"contract: {in_bundle(index, len(documents))}{error}",
-                                              kind="contract", value=orjson.dumps(document))
-                    continue
+            alone = len(documents) == 1
+            for index, document, envelope in envelopes_in(documents, wanted):
                 if envelope is None:
+                    continue  # a known event this handler does not read
+                if isinstance(envelope, ContractError):
+                    await runtime.dead_letter(topic_name, event, f"contract: {envelope}", kind="contract",
+                                              value=None if alone else orjson.dumps(document))
+                    continue
+                if alone:
+                    await handle_one(envelope, event, topic_name, None)
                     continue
                 token = _bundle_index.set(index)
                 try:

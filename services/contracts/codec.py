@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
@@ -152,16 +152,37 @@ def in_bundle(index: int, count: int) -> str:
     return f"envelope {index + 1} of {count} in the record: " if count > 1 else ""
 
 
+def envelope_of(document: Any, wanted: frozenset[str] | None = None) -> Envelope | None:
+    """The envelope of one parsed document, or None for a well-formed one of a known event type
+    that is not `wanted` (passed over unvalidated). Raises ContractError for anything unreadable,
+    including an unknown event type."""
+    if wanted is not None and isinstance(document, dict):
+        event_type = document.get("event_type")
+        if event_type not in wanted and event_type in RECORD_TYPES:
+            return None
+    return from_document(document)
+
+
+def envelopes_in(
+    documents: list[Any], wanted: frozenset[str] | None = None
+) -> Iterator[tuple[int, Any, Envelope | None | ContractError]]:
+    """(index, document, what envelope_of makes of it) for each document of a record, in order;
+    a refusal comes back as its ContractError, naming the envelope's place in a bundle."""
+    for index, document in enumerate(documents):
+        try:
+            yield index, document, envelope_of(document, wanted)
+        except ContractError as error:
+            yield index, document, ContractError(f"{in_bundle(index, len(documents))}{error.where}", error.problem)
+
+
 def decode_all(data: bytes | str) -> list[Envelope]:
     """Every envelope of a record (one, or a bundle's, in order), validated leniently. Raises
     ContractError naming the envelope's place in a bundle."""
-    documents = documents_of(data)
     envelopes = []
-    for index, document in enumerate(documents):
-        try:
-            envelopes.append(from_document(document))
-        except ContractError as error:
-            raise ContractError(f"{in_bundle(index, len(documents))}{error.where}", error.problem) from None
+    for _, _, envelope in envelopes_in(documents_of(data)):
+        if isinstance(envelope, ContractError):
+            raise envelope
+        envelopes.append(envelope)
     return envelopes
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from services.adapters.bus import TypeSieve
-from services.adapters.runtime import read_envelope
+from services.adapters.bus import TypeSieve, read_envelope
 from services.contracts.codec import ContractError, encode, make_envelope
 from services.contracts.events import ClockTick, WorkloadFinished
 
