@@ -11,15 +11,16 @@ clock ticks per cohort key):
   book keeps every hour it billed (no horizon pruning within the trace);
 * ``default`` — one cohort key per team namespace and the default 168-hour horizon.
 
-Each stream is folded by two book encoders, alternating (A/B in one process: the machine is
-shared, compare the ratio, not the absolute figures):
+Each stream is folded two ways, alternating (A/B in one process: the machine is shared,
+compare the ratio, not the absolute figures):
 
-* ``json-dumps`` — ``json.dumps(book_to_dict(book))``, what ``step`` did before (every hour of
-  ``emitted`` encoded again on every event that touches the book);
-* ``book_to_json`` — what ``step`` does now (each hour's text kept until the hour changes).
+* ``per-event`` — every book a step hands over is joined into its text at once (what the
+  service did before: each event that touched a book copied every hour of its text);
+* ``per-batch`` — the books are joined once per batch of ``--batch`` records, for the values
+  the batch stores (what the service does: ``cohort.BookText``, joined at the commit).
 
-Both runs must give the same outputs (row ids, amounts, order) and the same stored records,
-or the benchmark fails. Prints one line per run and a summary per stream.
+Both must give the same outputs (row ids, amounts, order) and the same stored records, or
+the benchmark fails. Prints one line per run and a summary per stream.
 
     .venv/bin/python bench/bench_cost_fold.py      # replay: 500 pods, 2,000 hours; default: all pods
     .venv/bin/python bench/bench_cost_fold.py --stream replay --pods 8152 --hours 0 --rounds 1
@@ -30,12 +31,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import json
 import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +43,6 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 
 from services.contracts.codec import Envelope  # noqa: E402
-from services.core.cost import book_to_dict, book_to_json  # noqa: E402
 from services.cost_accounting import cohort  # noqa: E402
 from services.cost_accounting.config import CostConfig, config_from_documents  # noqa: E402
 from services.cost_accounting.trace_events import trace_envelopes, trace_labels  # noqa: E402
@@ -56,11 +54,8 @@ TRACE = ROOT.parent / "shared" / "traces" / "alibaba-gpu-v2023" / "openb_pod_lis
 REPLAY_HORIZON_HOURS = 24 * 366  # bench_replay.write_config
 
 
-def json_dumps_book(book) -> str:
-    return json.dumps(book_to_dict(book), separators=(",", ":"))
-
-
-ENCODERS: dict[str, Callable] = {"json-dumps": json_dumps_book, "book_to_json": book_to_json}
+#: records per batch of the per-batch way (the service's batches take up to QM_BATCH_SIZE)
+BATCH = 100
 
 
 def config(horizon_hours: int | None) -> CostConfig:
@@ -93,24 +88,32 @@ def stream(name: str, pods, hours: int | None = None) -> list[tuple[str, Envelop
     return out
 
 
-def fold(cfg: CostConfig, records: list[tuple[str, Envelope]], encoder: Callable) -> tuple[float, list, dict]:
-    cohort.book_to_json = encoder  # what CohortLedger.step encodes each changed book with
-    try:
-        ledger = cohort.CohortLedger(cfg, labels=trace_labels().get)
-        store: dict = {}
-        outputs: list = []
-        gc.collect()
-        started = time.perf_counter()
-        for offset, (key, envelope) in enumerate(records):
-            result = ledger.step(key, store, envelope, (0, offset))
-            if result is None:
-                continue
+def fold(cfg: CostConfig, records: list[tuple[str, Envelope]], per_batch: bool, batch: int = BATCH
+         ) -> tuple[float, list, dict]:
+    ledger = cohort.CohortLedger(cfg, labels=trace_labels().get)
+    store: dict = {}
+    outputs: list = []
+    staged: dict = {}
+    gc.collect()
+    started = time.perf_counter()
+    for offset, (key, envelope) in enumerate(records):
+        result = ledger.step(key, store, envelope, (0, offset))
+        if result is not None:
             writes, produced = result
-            store.update(writes)
+            if per_batch:
+                store.update(writes)  # staged as handed over: a reload reads them as they are
+                staged.update(writes)
+            else:
+                store.update((k, cohort.stored(v)) for k, v in writes.items())
             outputs.extend(produced)
-        return time.perf_counter() - started, outputs, store
-    finally:
-        cohort.book_to_json = book_to_json
+        if per_batch and (offset + 1) % batch == 0:  # the batch's commit: its values are stored
+            store.update((k, cohort.stored(v)) for k, v in staged.items())
+            staged.clear()
+    store.update((k, cohort.stored(v)) for k, v in staged.items())
+    return time.perf_counter() - started, outputs, store
+
+
+WAYS = ("per-event", "per-batch")
 
 
 def main() -> None:
@@ -121,7 +124,8 @@ def main() -> None:
                    help="first N trace hours of the replay stream (default 2000; 0: all ~3,585, where the "
                         "json-dumps runs take minutes: a book keeps every hour, so their cost grows with hours squared)")
     p.add_argument("--default-pods", type=int, default=0, help="first N pods for the default stream (0: all)")
-    p.add_argument("--rounds", type=int, default=2, help="A/B rounds (each round runs both encoders, order alternating)")
+    p.add_argument("--rounds", type=int, default=2, help="A/B rounds (each round runs both ways, order alternating)")
+    p.add_argument("--batch", type=int, default=BATCH, help=f"records per batch of the per-batch way (default {BATCH})")
     p.add_argument("--trace", type=Path, default=TRACE)
     args = p.parse_args()
 
@@ -138,18 +142,18 @@ def main() -> None:
         hours = args.hours or None if name == "replay" else None
         records = stream(name, all_pods[:count], hours)
         cfg = config(REPLAY_HORIZON_HOURS if name == "replay" else None)
-        times: dict[str, list[float]] = {encoder: [] for encoder in ENCODERS}
+        times: dict[str, list[float]] = {way: [] for way in WAYS}
         reference: tuple[list, dict] | None = None
         for round_ in range(args.rounds):
-            order = list(ENCODERS) if round_ % 2 == 0 else list(reversed(ENCODERS))
-            for encoder in order:
-                seconds, outputs, store = fold(cfg, records, ENCODERS[encoder])
+            order = list(WAYS) if round_ % 2 == 0 else list(reversed(WAYS))
+            for way in order:
+                seconds, outputs, store = fold(cfg, records, way == "per-batch", args.batch)
                 if reference is None:
                     reference = (outputs, store)
                 elif (outputs, store) != reference:
-                    raise SystemExit(f"{name}: {encoder} gave different outputs or records")
-                times[encoder].append(seconds)
-                print(f"  {name} round {round_ + 1} {encoder:>12}: {seconds:7.2f} s  "
+                    raise SystemExit(f"{name}: {way} gave different outputs or records")
+                times[way].append(seconds)
+                print(f"  {name} round {round_ + 1} {way:>12}: {seconds:7.2f} s  "
                       f"{len(records) / seconds:8.0f} events/s  {1e6 * seconds / len(records):8.1f} us/event")
         assert reference is not None
         rows = sum(1 for out in reference[0] if out.topic == "qm.billing")
@@ -157,11 +161,12 @@ def main() -> None:
         span = f"first {hours} trace hours, " if hours else ""
         print(f"{name}: {count} pods, {span}{len(records)} events, {rows} rows, same outputs and records; "
               f"largest book {max(books, default=0):,} chars, horizon {cfg.settings.correction_horizon_ms // 3_600_000} h")
-        best = {encoder: min(ts) for encoder, ts in times.items()}
-        for encoder, ts in times.items():
-            print(f"  {encoder:>12}: best {best[encoder]:.2f} s (median {statistics.median(ts):.2f}) = "
-                  f"{len(records) / best[encoder]:.0f} events/s, {1e6 * best[encoder] / len(records):.1f} us/event")
-        print(f"  speed-up (best json-dumps / best book_to_json): {best['json-dumps'] / best['book_to_json']:.1f}x")
+        best = {way: min(ts) for way, ts in times.items()}
+        for way, ts in times.items():
+            print(f"  {way:>12}: best {best[way]:.2f} s (median {statistics.median(ts):.2f}) = "
+                  f"{len(records) / best[way]:.0f} events/s, {1e6 * best[way] / len(records):.1f} us/event")
+        print(f"  speed-up (best per-event / best per-batch of {args.batch}): "
+              f"{best['per-event'] / best['per-batch']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ from services.contracts.events import RECORD_TYPES
 from services.contracts.schemas import topic_specs
 from services.cost_accounting.allocation import AllocationError, aggregate, compact_row, rows_of
 from services.cost_accounting.budgets import budget_step
-from services.cost_accounting.cohort import FOLDED_TYPES, CohortLedger
+from services.cost_accounting.cohort import FOLDED_TYPES, CohortLedger, stored
 from services.cost_accounting.config import load_config
 from services.cost_accounting.ledger import outputs_for
 from services.cost_accounting.translate import at_ms
@@ -121,10 +121,25 @@ class _BatchStore:
 def _stage(batch, writes: dict[str, Any], event) -> None:
     """Stage in the batch in this order (workload records, then the cohort record): a key
     written again moves to the end, so the cohort record always follows its books."""
+    if batch not in _joining:
+        _joining.add(batch)
+        batch.flushes.append(lambda: _join_books(batch))
     for key, value in writes.items():
         slot = (id(ledger_table), key)
         batch.writes.pop(slot, None)
         batch.writes[slot] = (ledger_table, key, value, event)
+
+
+_joining: weakref.WeakSet[Any] = weakref.WeakSet()  # batches whose staged books are joined at commit
+
+
+async def _join_books(batch) -> list[Any]:
+    """At the commit, before the staged values reach the table: each book the batch stores
+    becomes its text, joined once (cohort.BookText), however many events touched it."""
+    for slot, (table, key, value, event) in batch.writes.items():
+        if table is ledger_table:
+            batch.writes[slot] = (table, key, stored(value), event)
+    return []
 
 
 async def on_workload_event(envelope: Envelope, event) -> None:
@@ -143,7 +158,7 @@ async def on_workload_event(envelope: Envelope, event) -> None:
         await runtime.publish(outputs)  # acknowledged before the batch's records are stored
         if batch is None:
             for key, value in writes.items():
-                ledger_table[key] = value
+                ledger_table[key] = stored(value)
         else:
             _stage(batch, writes, event)
     except BaseException:

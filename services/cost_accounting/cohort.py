@@ -21,6 +21,7 @@ which is the cohort key's partition, so keys can be anything)::
                              applied] | None (the index counts within a bundle, ADR 0034),
                      "seen": [last SEEN_WINDOW event ids applied to this key]}
     "<uid>"         {"c": key, "book": json text of book_to_dict | None, "memo": memo | None}
+                    (``step`` writes the text as a BookText: ``stored()`` joins it)
                     or {"c": key, "gone": finished_at_ms}   (pruned past the correction horizon)
 
 The cohort record decides whether an event was applied: an envelope at or before ``pos`` (same
@@ -35,7 +36,9 @@ same outputs. Books are JSON *text*: exact usage sums exceed 64 bits, which orjs
 (and ``orjson.loads`` would turn into floats: read them with ``json``). The text is
 ``book_to_json``'s, equal to ``json.dumps(book_to_dict(book))`` but without encoding the book's
 closed hours again on every event (a tick rewrites every active book; with a long correction
-horizon a book holds thousands of hours).
+horizon a book holds thousands of hours). ``step`` hands it over as a :class:`BookText`, a
+snapshot of the text's parts: the shell joins it once, for the value it stores at the end of a
+batch, not once per event that touched the book.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ import orjson
 
 from services.contracts.codec import Envelope
 from services.core.cost import (
+    BookJsonParts,
     CostOutput,
     CostSettings,
     CostState,
@@ -57,8 +61,9 @@ from services.core.cost import (
     NamespaceLabeled,
     apply_tracked,
     book_from_dict,
-    book_to_json,
+    book_json_parts,
     initial_state,
+    join_book_json,
     restore_books,
 )
 from services.cost_accounting.config import CostConfig
@@ -68,11 +73,13 @@ from services.cost_accounting.translate import RELEVANT_EVENT_TYPES, WorkloadMem
 __all__ = [
     "COHORT_PREFIX",
     "SEEN_WINDOW",
+    "BookText",
     "CohortLedger",
     "Store",
     "cohort_record_key",
     "cohort_settings",
     "fold_cohorts",
+    "stored",
 ]
 
 COHORT_PREFIX = "cohort|"
@@ -118,6 +125,27 @@ def book_text(value: Any) -> str:
     if not data.isascii() or b"\x7f" in data:
         return _json_text(value)
     return data.decode()
+
+
+@dataclass(frozen=True, slots=True)
+class BookText:
+    """A book's stored text as ``step`` made it, not yet joined: its parts are strings, so it
+    stays the text of the book as of that event, whatever later events do to the book. In the
+    Alibaba replay a tick rewrote every active book, and joining every hour's text on each
+    event was a tenth of the cost service's CPU; a batch stores each key once, so only the
+    value it stores is joined (``stored``)."""
+
+    parts: BookJsonParts
+
+    def __str__(self) -> str:
+        return join_book_json(self.parts)
+
+
+def stored(value: Any) -> Any:
+    """A record as the ledger table stores it: a BookText joined into its text."""
+    if isinstance(value, dict) and isinstance(value.get("book"), BookText):
+        return {**value, "book": str(value["book"])}
+    return value
 
 
 def _no_labels(_namespace: str) -> None:
@@ -199,7 +227,7 @@ class CohortLedger:
                 state.forgotten[uid] = value["gone"]
                 continue
             if value.get("book") is not None:
-                books.append(book_from_dict(json.loads(value["book"])))
+                books.append(book_from_dict(json.loads(str(value["book"]))))
             if value.get("memo") is not None:
                 memos[uid] = value["memo"]
         restore_books(state, sorted(books, key=lambda book: book.uid))
@@ -254,7 +282,7 @@ class CohortLedger:
         for key in changed:  # workload records first ...
             book = state.books.get(key)
             if book is not None:
-                writes[key] = {"c": cohort, "book": book_to_json(book, book_text), "memo": memos.get(key)}
+                writes[key] = {"c": cohort, "book": BookText(book_json_parts(book, book_text)), "memo": memos.get(key)}
             elif key in state.forgotten:
                 memos.pop(key, None)
                 writes[key] = {"c": cohort, "gone": state.forgotten[key]}
@@ -325,6 +353,6 @@ def fold_cohorts(
         if result is None:
             continue
         writes, produced = result
-        store.update(writes)
+        store.update((key, stored(value)) for key, value in writes.items())
         outputs.extend(produced)
     return store, outputs

@@ -691,6 +691,12 @@ def book_from_dict(data: dict[str, Any]) -> _Book:
 _encode = json.JSONEncoder(separators=(",", ":")).encode
 
 
+#: A book's JSON text in three parts: the fields before ``emitted`` (an object's text without
+#: its closing brace), each hour of ``emitted`` ('"<hour>":{...}'), the fields after it (without
+#: the opening brace). Strings only, so a snapshot of them does not change with the book.
+BookJsonParts = tuple[str, tuple[str, ...], str]
+
+
 def book_to_json(book: _Book, encode: Callable[[Any], str] | None = None) -> str:
     """``json.dumps(book_to_dict(book), separators=(",", ":"))``, the same text, made without
     re-encoding the closed hours: a shell stores the book after every event, and a tick touches
@@ -702,6 +708,12 @@ def book_to_json(book: _Book, encode: Callable[[Any], str] | None = None) -> str
     ``emitted`` come from the same ``_book_head``/``_book_tail`` as ``_book_to_dict``
     (tests/unit/core/cost/test_cost_book_json.py compares the two texts). ``encode``: a faster
     encoder that gives the same text (the shell's, which may use orjson)."""
+    return join_book_json(book_json_parts(book, encode))
+
+
+def book_json_parts(book: _Book, encode: Callable[[Any], str] | None = None) -> BookJsonParts:
+    """``book_to_json``'s text, not yet joined: joining copies every hour's text, and a shell
+    that stores a book once per batch of events joins only the parts it stores."""
     encode = encode or _encode
     emitted = book.emitted
     texts = book.emitted_json
@@ -712,10 +724,13 @@ def book_to_json(book: _Book, encode: Callable[[Any], str] | None = None) -> str
         entries = {_key_text(key): entry for key, entry in emitted[hour].items()}
         texts[hour] = f'"{hour}":{encode(entries)}'
     book.emitted_stale.clear()
-    head = encode(_book_head(book))
-    tail = encode(_book_tail(book))
-    hours = ",".join(texts.values())  # type: ignore[arg-type]  # none is None any more
-    return f'{head[:-1]},"emitted":{{{hours}}},{tail[1:]}'
+    hours: tuple[str, ...] = tuple(texts.values())  # type: ignore[arg-type]  # none is None any more
+    return encode(_book_head(book))[:-1], hours, encode(_book_tail(book))[1:]
+
+
+def join_book_json(parts: BookJsonParts) -> str:
+    head, hours, tail = parts
+    return f'{head},"emitted":{{{",".join(hours)}}},{tail}'
 
 
 def restore_books(state: CostState, books: Iterable[_Book]) -> CostState:

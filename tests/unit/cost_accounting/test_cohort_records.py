@@ -15,7 +15,14 @@ from services.contracts.events import (
     WorkloadRunning,
 )
 from services.core.cost import book_from_dict, book_to_dict, book_to_json
-from services.cost_accounting.cohort import CohortLedger, book_text, cohort_record_key, fold_cohorts
+from services.cost_accounting.cohort import (
+    BookText,
+    CohortLedger,
+    book_text,
+    cohort_record_key,
+    fold_cohorts,
+    stored,
+)
 from services.cost_accounting.config import CostConfig
 
 CC_LABEL = "quartermaster.dev/cost-center"
@@ -80,7 +87,7 @@ def run(ledger: CohortLedger, store: dict, envelopes, first_offset: int | None =
         result = ledger.step("ml", store, envelope, position)
         if result is not None:
             writes, produced = result
-            store.update(writes)
+            store.update((key, stored(value)) for key, value in writes.items())
             outputs.extend(produced)
     return outputs
 
@@ -96,9 +103,26 @@ def test_each_stored_book_is_the_json_text_of_book_to_dict():
     ledger, store = CohortLedger(CostConfig(), labels=LABELS.get), {}
     for offset, envelope in enumerate(stream()):
         writes, _ = ledger.step("ml", store, envelope, (0, offset))
-        store.update(writes)
+        store.update((key, stored(value)) for key, value in writes.items())
         for uid, book in ledger._live["ml"].state.books.items():
             assert store[uid]["book"] == json.dumps(book_to_dict(book), separators=(",", ":"))
+
+
+def test_a_book_handed_over_stays_the_text_of_its_event_whatever_later_events_do():
+    """step's BookText is joined at the batch's end: it must not see the events after its own
+    (a staged value is what a reload after a failed event reads)."""
+    ledger, store = CohortLedger(CostConfig(), labels=LABELS.get), {}
+    handed: list[tuple[BookText, str]] = []
+    for offset, envelope in enumerate(stream()):
+        writes, _ = ledger.step("ml", store, envelope, (0, offset))
+        store.update(writes)  # staged as handed over, the way a batch holds them
+        for uid, book in ledger._live["ml"].state.books.items():
+            if isinstance(writes.get(uid, {}).get("book"), BookText):
+                handed.append((writes[uid]["book"], json.dumps(book_to_dict(book), separators=(",", ":"))))
+    assert len(handed) > 10
+    assert len({text for _, text in handed}) > 5  # the books did change after being handed over
+    for book_text_then, text_then in handed:
+        assert str(book_text_then) == text_then
 
 
 def test_a_ledger_restarted_at_any_point_continues_with_the_uninterrupted_rows_and_records():
