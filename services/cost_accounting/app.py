@@ -123,7 +123,8 @@ def _stage(batch, writes: dict[str, Any], event) -> None:
     written again moves to the end, so the cohort record always follows its books."""
     if batch not in _joining:
         _joining.add(batch)
-        batch.flushes.append(lambda: _join_books(batch))
+        staged = batch.writes  # not the batch itself: a flush holding its batch is a cycle
+        batch.flushes.append(lambda: _join_books(staged))
     for key, value in writes.items():
         slot = (id(ledger_table), key)
         batch.writes.pop(slot, None)
@@ -133,12 +134,12 @@ def _stage(batch, writes: dict[str, Any], event) -> None:
 _joining: weakref.WeakSet[Any] = weakref.WeakSet()  # batches whose staged books are joined at commit
 
 
-async def _join_books(batch) -> list[Any]:
+async def _join_books(staged: dict) -> list[Any]:
     """At the commit, before the staged values reach the table: each book the batch stores
     becomes its text, joined once (cohort.BookText), however many events touched it."""
-    for slot, (table, key, value, event) in batch.writes.items():
+    for slot, (table, key, value, event) in staged.items():
         if table is ledger_table:
-            batch.writes[slot] = (table, key, stored(value), event)
+            staged[slot] = (table, key, stored(value), event)
     return []
 
 
