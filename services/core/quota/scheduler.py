@@ -197,7 +197,7 @@ class _Oracle:
             hit = cache.get(("oracle", pkey, fr, value))
             if hit is not None:
                 return hit  # type: ignore[return-value]
-        targets = get_targets(snapshot, self.preemptor, {fr: value}, {fr}, self.now)
+        targets = _targets(snapshot, self.preemptor, {fr: value}, {fr}, self.now, pkey, cache)
         if not targets:
             out = Mode.NO_CANDIDATES, 0
         else:
@@ -211,6 +211,27 @@ class _Oracle:
         if cache is not None:
             cache[("oracle", pkey, fr, value)] = out
         return out
+
+
+def _targets(
+    snapshot: Snapshot,
+    preemptor: Preemptor,
+    usage: dict[tuple[str, str], int],
+    resources: set[tuple[str, str]],
+    now: float,
+    pkey: object,
+    cache: dict[object, object] | None,
+) -> list[PreemptionTarget]:
+    """get_targets, memoised per tree state like the oracle: a workload that asks for one
+    resource searches for the same victims twice, once as the oracle's question and once as
+    its assignment's (in kueue-baseline's smalls phase, victim searches were most of a drain)."""
+    if pkey is None or cache is None:
+        return get_targets(snapshot, preemptor, usage, resources, now)
+    key = ("targets", pkey, tuple(sorted(usage.items())), frozenset(resources))
+    hit = cache.get(key)
+    if hit is None:
+        hit = cache[key] = get_targets(snapshot, preemptor, usage, resources, now)
+    return hit  # type: ignore[return-value]
 
 
 def _preemptor_key(cq: ClusterQueueState, preemptor: Preemptor, now: float) -> tuple[object, ...] | None:
@@ -254,7 +275,7 @@ def _assign(
     if mode is AssignmentMode.FIT:
         return full, []
     if mode is AssignmentMode.PREEMPT and not full.preemption_known_impossible():
-        targets = get_targets(snapshot, preemptor, full.usage, full.resources_requiring_preemption(), now)
+        targets = _targets(snapshot, preemptor, full.usage, full.resources_requiring_preemption(), now, pkey, cache)
         if targets:
             return full, targets
     reducer = pod_set_counts_to_try(pod_sets)
@@ -269,8 +290,8 @@ def _assign(
             if amode is AssignmentMode.FIT:
                 ok = (attempt, [])
             elif amode is AssignmentMode.PREEMPT:
-                t = get_targets(
-                    snapshot, preemptor, attempt.usage, attempt.resources_requiring_preemption(), now
+                t = _targets(
+                    snapshot, preemptor, attempt.usage, attempt.resources_requiring_preemption(), now, pkey, cache
                 )
                 if t:
                     ok = (attempt, t)
