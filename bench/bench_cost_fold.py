@@ -24,6 +24,16 @@ the benchmark fails. Prints one line per run and a summary per stream.
 
     .venv/bin/python bench/bench_cost_fold.py      # replay: 500 pods, 2,000 hours; default: all pods
     .venv/bin/python bench/bench_cost_fold.py --stream replay --pods 8152 --hours 0 --rounds 1
+
+This machine's speed moves by a third within minutes, so two versions of the fold are best told
+apart by the instructions they execute, which do not move (valgrind; the VM has no hardware
+counters for perf). Count one way at a time, and once with ``--ways none`` (the trace read and
+the stream built, no fold) to subtract:
+
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null .venv/bin/python \
+        bench/bench_cost_fold.py --stream replay --pods 3000 --hours 2500 --rounds 1 --ways per-batch
+
+(About 50 times slower than the plain run; "I refs" is the count.)
 """
 
 from __future__ import annotations
@@ -126,8 +136,11 @@ def main() -> None:
     p.add_argument("--default-pods", type=int, default=0, help="first N pods for the default stream (0: all)")
     p.add_argument("--rounds", type=int, default=2, help="A/B rounds (each round runs both ways, order alternating)")
     p.add_argument("--batch", type=int, default=BATCH, help=f"records per batch of the per-batch way (default {BATCH})")
+    p.add_argument("--ways", choices=(*WAYS, "both", "none"), default="both",
+                   help="fold one way only (to count its instructions), or none (the stream alone)")
     p.add_argument("--trace", type=Path, default=TRACE)
     args = p.parse_args()
+    ways = WAYS if args.ways == "both" else () if args.ways == "none" else (args.ways,)
 
     if args.trace.is_file():
         all_pods = read_pods(args.trace)
@@ -142,10 +155,13 @@ def main() -> None:
         hours = args.hours or None if name == "replay" else None
         records = stream(name, all_pods[:count], hours)
         cfg = config(REPLAY_HORIZON_HOURS if name == "replay" else None)
-        times: dict[str, list[float]] = {way: [] for way in WAYS}
+        times: dict[str, list[float]] = {way: [] for way in ways}
         reference: tuple[list, dict] | None = None
+        if not ways:
+            print(f"{name}: {len(records)} events built, none folded (--ways none)")
+            continue
         for round_ in range(args.rounds):
-            order = list(WAYS) if round_ % 2 == 0 else list(reversed(WAYS))
+            order = list(ways) if round_ % 2 == 0 else list(reversed(ways))
             for way in order:
                 seconds, outputs, store = fold(cfg, records, way == "per-batch", args.batch)
                 if reference is None:
@@ -165,8 +181,9 @@ def main() -> None:
         for way, ts in times.items():
             print(f"  {way:>12}: best {best[way]:.2f} s (median {statistics.median(ts):.2f}) = "
                   f"{len(records) / best[way]:.0f} events/s, {1e6 * best[way] / len(records):.1f} us/event")
-        print(f"  speed-up (best per-event / best per-batch of {args.batch}): "
-              f"{best['per-event'] / best['per-batch']:.2f}x")
+        if len(best) == 2:
+            print(f"  speed-up (best per-event / best per-batch of {args.batch}): "
+                  f"{best['per-event'] / best['per-batch']:.2f}x")
 
 
 if __name__ == "__main__":
