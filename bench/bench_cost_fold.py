@@ -114,12 +114,12 @@ def fold(cfg: CostConfig, records: list[tuple[str, Envelope]], per_batch: bool, 
                 store.update(writes)  # staged as handed over: a reload reads them as they are
                 staged.update(writes)
             else:
-                store.update((k, cohort.stored(v)) for k, v in writes.items())
+                store.update(cohort.stored_records(writes))
             outputs.extend(produced)
         if per_batch and (offset + 1) % batch == 0:  # the batch's commit: its values are stored
-            store.update((k, cohort.stored(v)) for k, v in staged.items())
+            store.update(cohort.stored_records(staged))
             staged.clear()
-    store.update((k, cohort.stored(v)) for k, v in staged.items())
+    store.update(cohort.stored_records(staged))
     return time.perf_counter() - started, outputs, store
 
 

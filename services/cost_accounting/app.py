@@ -46,7 +46,7 @@ from services.contracts.events import RECORD_TYPES
 from services.contracts.schemas import topic_specs
 from services.cost_accounting.allocation import AllocationError, aggregate, compact_row, rows_of
 from services.cost_accounting.budgets import budget_step
-from services.cost_accounting.cohort import FOLDED_TYPES, CohortLedger, stored
+from services.cost_accounting.cohort import FOLDED_TYPES, CohortLedger, stored, stored_records
 from services.cost_accounting.config import load_config
 from services.cost_accounting.ledger import outputs_for
 from services.cost_accounting.translate import at_ms
@@ -158,8 +158,8 @@ async def on_workload_event(envelope: Envelope, event) -> None:
         writes, outputs = result
         await runtime.publish(outputs)  # acknowledged before the batch's records are stored
         if batch is None:
-            for key, value in writes.items():
-                ledger_table[key] = stored(value)
+            for key, value in stored_records(writes).items():
+                ledger_table[key] = value
         else:
             _stage(batch, writes, event)
     except BaseException:

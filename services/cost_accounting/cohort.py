@@ -80,6 +80,7 @@ __all__ = [
     "cohort_settings",
     "fold_cohorts",
     "stored",
+    "stored_records",
 ]
 
 COHORT_PREFIX = "cohort|"
@@ -146,6 +147,11 @@ def stored(value: Any) -> Any:
     if isinstance(value, dict) and isinstance(value.get("book"), BookText):
         return {**value, "book": str(value["book"])}
     return value
+
+
+def stored_records(writes: Mapping[str, Any]) -> dict[str, Any]:
+    """A step's writes as the ledger table stores them (each book joined)."""
+    return {key: stored(value) for key, value in writes.items()}
 
 
 def _no_labels(_namespace: str) -> None:
@@ -353,6 +359,6 @@ def fold_cohorts(
         if result is None:
             continue
         writes, produced = result
-        store.update((key, stored(value)) for key, value in writes.items())
+        store.update(stored_records(writes))
         outputs.extend(produced)
     return store, outputs

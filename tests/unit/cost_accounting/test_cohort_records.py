@@ -21,7 +21,7 @@ from services.cost_accounting.cohort import (
     book_text,
     cohort_record_key,
     fold_cohorts,
-    stored,
+    stored_records,
 )
 from services.cost_accounting.config import CostConfig
 
@@ -87,7 +87,7 @@ def run(ledger: CohortLedger, store: dict, envelopes, first_offset: int | None =
         result = ledger.step("ml", store, envelope, position)
         if result is not None:
             writes, produced = result
-            store.update((key, stored(value)) for key, value in writes.items())
+            store.update(stored_records(writes))
             outputs.extend(produced)
     return outputs
 
@@ -103,7 +103,7 @@ def test_each_stored_book_is_the_json_text_of_book_to_dict():
     ledger, store = CohortLedger(CostConfig(), labels=LABELS.get), {}
     for offset, envelope in enumerate(stream()):
         writes, _ = ledger.step("ml", store, envelope, (0, offset))
-        store.update((key, stored(value)) for key, value in writes.items())
+        store.update(stored_records(writes))
         for uid, book in ledger._live["ml"].state.books.items():
             assert store[uid]["book"] == json.dumps(book_to_dict(book), separators=(",", ":"))
 
