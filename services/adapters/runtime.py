@@ -441,12 +441,16 @@ class Output:
 
     `latest_only`: the value supersedes every earlier one of its key (a compacted topic's
     latest value, e.g. a namespace's usage), so a batch sends only its last such output per
-    topic and key (ADR 0024)."""
+    topic and key (ADR 0024).
+
+    `value`: the envelope already encoded, when the fold keeps the record for itself too (the
+    cost service bundles its ledger rows for the budgets); sent as is, not encoded again."""
 
     topic: str
     key: str
     envelope: Envelope
     latest_only: bool = False
+    value: bytes | None = None
 
     def __post_init__(self) -> None:
         if self.latest_only and self.topic not in COMPACTED_TOPICS:
@@ -1097,7 +1101,7 @@ class ServiceRuntime:
         producer = self.app.producer
         topic = self.settings.topic
         return [
-            await producer.send(topic(o.topic), o.key.encode(), encode(o.envelope), None, None, None)
+            await producer.send(topic(o.topic), o.key.encode(), o.value or encode(o.envelope), None, None, None)
             for o in outputs
         ]
 

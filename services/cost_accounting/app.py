@@ -13,12 +13,14 @@ Agents:
 1. ``qm.workloads`` (batched: the ``ledger`` table's only writer): each cohort key is folded by
    :class:`CohortLedger` (records per workload uid + one per cohort key, co-partitioned with the
    source). Outputs: ``qm.billing`` (key workload uid, event id = row id), acknowledged before
-   the batch's records are written (workload records before the cohort record).
-2. ``qm.billing`` (our own rows, batched) is folded into the ``allocation`` table
-   (``GET /allocation``, one record per row id) and, when budgets are configured, re-keyed by cost center onto
-   ``<prefix><app id>-by-cost-center`` and folded per cost center into ``qm.budgets`` /
-   ``qm.alerts`` (dedupe by row id: ``apply_once``). A batch's rows of one cost center travel as
-   one record there, a JSON array of the rows (ADR 0033); a single row (an object) is read too.
+   the batch's records are written (workload records before the cohort record). The same rows,
+   encoded once, go re-keyed by cost center onto ``<prefix><app id>-by-cost-center``: a
+   batch's rows of one cost center as one record, a JSON array (ADR 0033); a single row (an
+   object) is read too. They are acknowledged before the batch's records are written as well.
+2. ``<app id>-by-cost-center`` (batched) is folded into the ``allocation`` table
+   (``GET /allocation``, one record per row id) and, when budgets are configured, per cost
+   center into ``qm.budgets`` / ``qm.alerts`` (dedupe by row id: ``apply_once``). The service
+   does not read ``qm.billing`` back: at 71,000 rows that read was the replay's tail (ADR 0036).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from services.adapters.runtime import (
     record_position,
 )
 from services.adapters.settings import Settings
-from services.contracts.codec import ContractError, Envelope, from_document, parse
+from services.contracts.codec import ContractError, Envelope, encode, from_document, parse
 from services.contracts.events import RECORD_TYPES
 from services.contracts.schemas import topic_specs
 from services.cost_accounting.allocation import AllocationError, aggregate, compact_row, rows_of
@@ -156,7 +158,9 @@ async def on_workload_event(envelope: Envelope, event) -> None:
             DUPLICATES_SKIPPED.labels(SERVICE, ledger_table.name).inc()
             return
         writes, outputs = result
+        outputs = [_encoded(o) for o in outputs]
         await runtime.publish(outputs)  # acknowledged before the batch's records are stored
+        await _pass_rows_on(batch, outputs)
         if batch is None:
             for key, value in stored_records(writes).items():
                 ledger_table[key] = value
@@ -179,6 +183,14 @@ BUNDLE_ROWS_MAX = 100
 #: ... and most records one budgets batch takes: its row ids per cost center stay within
 #: BATCH_IDS_MAX, so a replay onto a stored budget is recognised (ADR 0033).
 BUDGET_BATCH_RECORDS = max(1, BATCH_IDS_MAX // BUNDLE_ROWS_MAX)
+LEDGER_ROW = "billing.ledger_row.v1"
+
+
+def _encoded(output: Output) -> Output:
+    """A ledger row encoded once: the same bytes go to qm.billing and into a bundle."""
+    if output.envelope.event_type != LEDGER_ROW or output.value is not None:
+        return output
+    return Output(output.topic, output.key, output.envelope, output.latest_only, encode(output.envelope))
 
 
 def bundles(rows: list[bytes]) -> list[bytes]:
@@ -190,44 +202,29 @@ def bundles(rows: list[bytes]) -> list[bytes]:
 _rows_by_cost_center: weakref.WeakKeyDictionary[Any, dict[str, list[bytes]]] = weakref.WeakKeyDictionary()
 
 
-def _bundle_row(batch, cost_center: str, row: bytes) -> None:
-    """Gather the batch's rows per cost center; sent as bundles when the batch commits, and
-    acknowledged before its offsets move on. One record per row was most of the budgets'
-    cost: a send, a fetch and a delivery for each of the replay's 71,000 rows."""
-    gathered = _rows_by_cost_center.get(batch)
-    if gathered is None:
-        gathered = _rows_by_cost_center[batch] = {}
-
-        async def send_bundles() -> list[Any]:
-            return [await by_cost_center.send(key=center.encode(), value=bundle)
-                    for center, rows in gathered.items() for bundle in bundles(rows)]
-
-        batch.flushes.append(send_bundles)
-    gathered.setdefault(cost_center, []).append(row)
-
-
-async def on_ledger_row(envelope: Envelope, event) -> None:
-    if envelope.event_type != "billing.ledger_row.v1":
-        return
-    if config.budgets:
-        batch = _current_batch.get()
-        if batch is not None:
-            _bundle_row(batch, envelope.payload.x_CostCenter, event.value)
-        else:
-            await (await by_cost_center.send(key=envelope.payload.x_CostCenter.encode(), value=event.value))
-    # One record per row id (idempotent: a redelivered row rewrites the same value), in the
-    # shape rows_of reads; small records instead of one growing value per workload.
-    row_id = envelope.payload.row_id
-    value = {"state": {"rows": {row_id: compact_row(envelope.payload)}}}
-    batch = _current_batch.get()
-    if batch is not None:
-        batch.writes[(id(allocation_table), row_id)] = (allocation_table, row_id, value, event)
-    else:
-        allocation_table[row_id] = value
+async def _pass_rows_on(batch, outputs: list[Output]) -> None:
+    """The fold's ledger rows, re-keyed by cost center, for the allocation view and the
+    budgets (ADR 0036). In a batch they are gathered per cost center and sent as bundles when
+    it commits, acknowledged before its ledger records are stored; outside one, one by one."""
+    for output in outputs:
+        if output.envelope.event_type != LEDGER_ROW:
+            continue
+        cost_center = output.envelope.payload.x_CostCenter
+        if batch is None:
+            await (await by_cost_center.send(key=cost_center.encode(), value=output.value))
+            continue
+        gathered = _rows_by_cost_center.get(batch)
+        if gathered is None:
+            gathered = _rows_by_cost_center[batch] = {}
+            batch.flushes.append(_sender_of(gathered))
+        gathered.setdefault(cost_center, []).append(output.value)
 
 
-runtime.consume("qm.billing", on_ledger_row, agent_name="index_ledger_rows", batched=True,
-                reads=[RECORD_TYPES["billing.ledger_row.v1"]])
+def _sender_of(gathered: dict[str, list[bytes]]):
+    async def send_bundles() -> list[Any]:
+        return [await by_cost_center.send(key=center.encode(), value=bundle)
+                for center, rows in gathered.items() for bundle in bundles(rows)]
+    return send_bundles
 
 
 def _budget_fold(state, envelope: Envelope):
@@ -242,16 +239,32 @@ def rows_in(value: bytes) -> list[Any]:
     return document if isinstance(document, list) else [document]
 
 
+def _index_row(batch, envelope: Envelope, event) -> None:
+    """The allocation view: one record per row id (a redelivered row rewrites the same value),
+    in the shape rows_of reads; small records instead of one growing value per workload."""
+    row_id = envelope.payload.row_id
+    value = {"state": {"rows": {row_id: compact_row(envelope.payload)}}}
+    if batch is not None:
+        batch.writes[(id(allocation_table), row_id)] = (allocation_table, row_id, value, event)
+    else:
+        allocation_table[row_id] = value
+
+
 async def _fold_budget(event) -> None:
     try:
         rows = rows_in(event.value)
     except ContractError as error:
         await runtime.dead_letter("qm.billing", event, f"decode: {error}", kind="decode")
         return
+    batch = _current_batch.get()
     for index, row in enumerate(rows):
         try:
             envelope = from_document(row)
-            await runtime.apply_once(budget_table, envelope.payload.x_CostCenter, envelope, _budget_fold)
+            if envelope.event_type != LEDGER_ROW:
+                raise ContractError(f"event_type {envelope.event_type!r}: expected {LEDGER_ROW}")
+            if config.budgets:
+                await runtime.apply_once(budget_table, envelope.payload.x_CostCenter, envelope, _budget_fold)
+            _index_row(batch, envelope, event)
         except TemporaryError:
             raise
         except Exception as error:  # noqa: BLE001
@@ -268,9 +281,10 @@ async def _fold_budget(event) -> None:
 
 @runtime.app.agent(by_cost_center, name="fold_budgets")
 async def fold_budgets(stream):
-    # Batched: the budgets table's only writer. One event at a time (a changelog store and an
-    # acknowledgement per row) it folded ~600 rows/s, the replay's slowest stage. A record is a
-    # bundle of up to BUNDLE_ROWS_MAX rows, so a batch takes few records (ADR 0033).
+    # Batched: the budgets and allocation tables' only writer. One event at a time (a
+    # changelog store and an acknowledgement per row) it folded ~600 rows/s, the replay's
+    # slowest stage. A record is a bundle of up to BUNDLE_ROWS_MAX rows, so a batch takes
+    # few records (ADR 0033).
     async for events in stream.take_events(min(runtime.batch_size, BUDGET_BATCH_RECORDS),
                                            within=runtime.batch_within_s):
         await runtime.process(events, _fold_budget, "by-cost-center", defer=True)

@@ -159,10 +159,20 @@ async def test_field_report_idle_reservation_is_one_row_of_1_333333333_gpu_hours
             return len(await ledger(kafka_bootstrap, topic_prefix)) >= 1
 
         await wait_for(one_row, 30, "the idle row")
+        view = {}
+
+        async def the_allocation_view_shows_it():  # no Budget configured: the view still gets its rows
+            url = f"http://127.0.0.1:{worker.port}/allocation?window=2026-11-29T00:00:00Z,2026-11-30T00:00:00Z"
+            with urllib.request.urlopen(url, timeout=5) as response:
+                view.update(json.loads(response.read()))
+            return bool(view["data"][0])
+
+        await wait_for(the_allocation_view_shows_it, 30, "the idle row in GET /allocation")
         await asyncio.sleep(1.0)
         rows = await ledger(kafka_bootstrap, topic_prefix)
     finally:
         worker.stop()
+    assert view["data"][0]["ml-team"]["idle"] == 1.333333333, view
     assert len(rows) == 1, [r.payload for r in rows]
     row = rows[0]
     p = row.payload
