@@ -216,6 +216,7 @@ async def run(scenario: KueueScenario, args: argparse.Namespace) -> dict:
         w = by_uid[uid]
         used[w.cluster_queue] += w.requests["cpu"] / 1000 * (stop - start)
     usage = {cq: u / (scenario.nominal_cpu * elapsed) for cq, u in used.items()}
+    evicted = evicted_runs(runner.intervals, by_uid)
     lags = sorted(runner.submit_lag_s)
     result = {
         "scenario": scenario.name,
@@ -231,6 +232,7 @@ async def run(scenario: KueueScenario, args: argparse.Namespace) -> dict:
         "finished": runner.stats.finished,
         "admissions": runner.stats.admitted,
         "evictions": runner.stats.evicted,
+        "evicted_runs": evicted,
         "usage_min_pct": round(100 * min(usage.values()), 1),
         "usage_mean_pct": round(100 * sum(usage.values()) / len(usage), 1),
         "usage_max_pct": round(100 * max(usage.values()), 1),
@@ -247,6 +249,23 @@ async def run(scenario: KueueScenario, args: argparse.Namespace) -> dict:
         result["profile"] = profiles
     result["summary_rows"] = summary_rows(result, full)
     return result
+
+
+def evicted_runs(intervals: list[tuple[str, float, float]], by_uid: dict) -> dict[str, dict[str, float]]:
+    """Per class, the runs that ended in an eviction (every run of a workload but its last) and
+    the cpu-seconds they ran for nothing: Kueue's runner restarts an evicted workload's clock,
+    so that work is done again, and the wall grows by it."""
+    runs: dict[str, list[tuple[float, float]]] = {}
+    for uid, start, stop in intervals:
+        runs.setdefault(uid, []).append((start, stop))
+    out: dict[str, dict[str, float]] = {}
+    for uid, spans in runs.items():
+        w = by_uid[uid]
+        entry = out.setdefault(w.workload_class, {"runs": 0, "cpu_s_lost": 0.0})
+        for start, stop in sorted(spans)[:-1]:
+            entry["runs"] += 1
+            entry["cpu_s_lost"] += w.requests["cpu"] / 1000 * (stop - start)
+    return {name: {"runs": e["runs"], "cpu_s_lost": round(e["cpu_s_lost"], 1)} for name, e in sorted(out.items())}
 
 
 def _fmt_s(value: float | None) -> str:
@@ -291,7 +310,9 @@ async def main_async(args: argparse.Namespace) -> int:
         print(f"\n### {name} (scale {args.scale:g}, bench wall {result['bench_wall_s']} s, "
               f"load {result['load_before']} → {result['load_after']})\n")  # fmt: skip
         print_rows(result["summary_rows"])
-        print(f"\nevictions {result['evictions']}, submit lag p99 {result['submit_lag_s']['p99']} s, "
+        lost = ", ".join(f"{c} {e['runs']} ({e['cpu_s_lost']} cpu-s)" for c, e in result["evicted_runs"].items())
+        print(f"\nevictions {result['evictions']} (runs thrown away: {lost or 'none'}), "
+              f"submit lag p99 {result['submit_lag_s']['p99']} s, "
               f"peak memory MiB {result['peak_memory_mib']}\n{hops_line(result['finish_hops'])}\nwritten {path}")  # fmt: skip
         for label, prof in (result.get("profile") or {}).items():
             print(f"\nprofile {label}: {prof.get('samples')} samples; own time top: "

@@ -1,0 +1,36 @@
+"""bench/bench_kueue.py's figures computed from the runner's record of pod runs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from bench_kueue import evicted_runs  # noqa: E402
+
+
+def test_every_run_but_a_workloads_last_was_evicted_and_its_cpu_seconds_are_lost():
+    by_uid = {
+        "s1": SimpleNamespace(workload_class="small", requests={"cpu": 1000}),
+        "m1": SimpleNamespace(workload_class="medium", requests={"cpu": 5000}),
+        "l1": SimpleNamespace(workload_class="large", requests={"cpu": 20000}),
+    }
+    intervals = [
+        ("s1", 1.0, 1.1),  # evicted after 0.1 s
+        ("m1", 2.0, 2.5),  # ran to its end at once
+        ("s1", 3.0, 3.1),  # evicted again
+        ("s1", 4.0, 4.2),  # its last run: finished
+        ("l1", 5.0, 6.0),
+    ]
+    assert evicted_runs(intervals, by_uid) == {
+        "large": {"runs": 0, "cpu_s_lost": 0.0},
+        "medium": {"runs": 0, "cpu_s_lost": 0.0},
+        "small": {"runs": 2, "cpu_s_lost": 0.2},
+    }
+
+
+def test_runs_recorded_out_of_order_still_keep_the_last_one():
+    by_uid = {"m1": SimpleNamespace(workload_class="medium", requests={"cpu": 5000})}
+    assert evicted_runs([("m1", 9.0, 9.5), ("m1", 1.0, 1.2)], by_uid) == {"medium": {"runs": 1, "cpu_s_lost": 1.0}}
