@@ -217,6 +217,7 @@ async def run(scenario: KueueScenario, args: argparse.Namespace) -> dict:
         used[w.cluster_queue] += w.requests["cpu"] / 1000 * (stop - start)
     usage = {cq: u / (scenario.nominal_cpu * elapsed) for cq, u in used.items()}
     evicted = evicted_runs(runner.intervals, by_uid)
+    finishing = finishing_windows(runner.intervals, by_uid)
     lags = sorted(runner.submit_lag_s)
     result = {
         "scenario": scenario.name,
@@ -233,6 +234,7 @@ async def run(scenario: KueueScenario, args: argparse.Namespace) -> dict:
         "admissions": runner.stats.admitted,
         "evictions": runner.stats.evicted,
         "evicted_runs": evicted,
+        "finishing_windows": finishing,
         "usage_min_pct": round(100 * min(usage.values()), 1),
         "usage_mean_pct": round(100 * sum(usage.values()) / len(usage), 1),
         "usage_max_pct": round(100 * max(usage.values()), 1),
@@ -266,6 +268,20 @@ def evicted_runs(intervals: list[tuple[str, float, float]], by_uid: dict) -> dic
             entry["runs"] += 1
             entry["cpu_s_lost"] += w.requests["cpu"] / 1000 * (stop - start)
     return {name: {"runs": e["runs"], "cpu_s_lost": round(e["cpu_s_lost"], 1)} for name, e in sorted(out.items())}
+
+
+def finishing_windows(intervals: list[tuple[str, float, float]], by_uid: dict) -> dict[str, dict[str, float]]:
+    """Per class, when its workloads finished (the end of each one's last run), in seconds of
+    the run: p5, p50 and p95. It shows the run's phases, e.g. in kueue-baseline which class
+    had the quota while the others waited or were evicted."""
+    last: dict[str, float] = {}
+    for uid, _, stop in intervals:
+        last[uid] = max(stop, last.get(uid, stop))
+    by_class: dict[str, list[float]] = {}
+    for uid, stop in last.items():
+        by_class.setdefault(by_uid[uid].workload_class, []).append(stop)
+    return {name: {f"p{p}_s": round(pct(sorted(stops), p / 100), 1) for p in (5, 50, 95)}
+            for name, stops in sorted(by_class.items())}
 
 
 def _fmt_s(value: float | None) -> str:
@@ -311,6 +327,8 @@ async def main_async(args: argparse.Namespace) -> int:
               f"load {result['load_before']} → {result['load_after']})\n")  # fmt: skip
         print_rows(result["summary_rows"])
         lost = ", ".join(f"{c} {e['runs']} ({e['cpu_s_lost']} cpu-s)" for c, e in result["evicted_runs"].items())
+        print("finished (p5 / p50 / p95 s into the run): " + ", ".join(
+            f"{c} {w['p5_s']} / {w['p50_s']} / {w['p95_s']}" for c, w in result["finishing_windows"].items()))
         print(f"\nevictions {result['evictions']} (runs thrown away: {lost or 'none'}), "
               f"submit lag p99 {result['submit_lag_s']['p99']} s, "
               f"peak memory MiB {result['peak_memory_mib']}\n{hops_line(result['finish_hops'])}\nwritten {path}")  # fmt: skip

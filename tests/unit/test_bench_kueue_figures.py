@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from bench_kueue import evicted_runs  # noqa: E402
+from bench_kueue import evicted_runs, finishing_windows  # noqa: E402
 
 
 def test_every_run_but_a_workloads_last_was_evicted_and_its_cpu_seconds_are_lost():
@@ -34,3 +34,13 @@ def test_every_run_but_a_workloads_last_was_evicted_and_its_cpu_seconds_are_lost
 def test_runs_recorded_out_of_order_still_keep_the_last_one():
     by_uid = {"m1": SimpleNamespace(workload_class="medium", requests={"cpu": 5000})}
     assert evicted_runs([("m1", 9.0, 9.5), ("m1", 1.0, 1.2)], by_uid) == {"medium": {"runs": 1, "cpu_s_lost": 1.0}}
+
+
+def test_a_class_finishes_when_its_workloads_last_runs_end():
+    by_uid = {f"s{i}": SimpleNamespace(workload_class="small", requests={"cpu": 1000}) for i in range(20)}
+    by_uid["l1"] = SimpleNamespace(workload_class="large", requests={"cpu": 20000})
+    intervals = [(f"s{i}", 60.0 + i, 60.2 + i) for i in range(20)] + [("s0", 1.0, 1.1), ("l1", 5.0, 6.0)]
+    windows = finishing_windows(intervals, by_uid)
+    assert windows["large"] == {"p5_s": 6.0, "p50_s": 6.0, "p95_s": 6.0}
+    assert windows["small"]["p5_s"] >= 60.2 and windows["small"]["p95_s"] <= 79.2  # s0's evicted run does not count
+    assert windows["small"]["p5_s"] < windows["small"]["p50_s"] < windows["small"]["p95_s"]
