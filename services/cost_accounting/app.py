@@ -25,6 +25,7 @@ Agents:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import weakref
 from types import SimpleNamespace
@@ -190,7 +191,7 @@ def _encoded(output: Output) -> Output:
     """A ledger row encoded once: the same bytes go to qm.billing and into a bundle."""
     if output.envelope.event_type != LEDGER_ROW or output.value is not None:
         return output
-    return Output(output.topic, output.key, output.envelope, output.latest_only, encode(output.envelope))
+    return dataclasses.replace(output, value=encode(output.envelope))
 
 
 def bundles(rows: list[bytes]) -> list[bytes]:
@@ -221,6 +222,7 @@ async def _pass_rows_on(batch, outputs: list[Output]) -> None:
 
 
 def _sender_of(gathered: dict[str, list[bytes]]):
+    """The batch's flush: its gathered rows as bundles; their acks are awaited at the commit."""
     async def send_bundles() -> list[Any]:
         return [await by_cost_center.send(key=center.encode(), value=bundle)
                 for center, rows in gathered.items() for bundle in bundles(rows)]
