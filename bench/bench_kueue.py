@@ -314,6 +314,13 @@ def summary_rows(r: dict, full: KueueScenario) -> list[dict]:
                         f"{_fmt_s(mean)} (p99 {_fmt_s(stats['p99_s'])}, {stats['admitted']}/{stats['workloads']})",
                         f"{anchor} s" if anchor is not None else "—", f"≤ {target} s" if target else "—",
                         (r["complete"] and mean is not None and mean <= target) if target else None, note))  # fmt: skip
+    lost = r.get("evicted_runs")  # absent from results written before it was measured
+    if lost:
+        runs = sum(e["runs"] for e in lost.values())
+        cpu_s = sum(e["cpu_s_lost"] for e in lost.values())
+        worst = max(lost, key=lambda c: lost[c]["cpu_s_lost"])
+        rows.append(row(f"{name}: runs evictions threw away", f"{runs:,} ({cpu_s:,.0f} cpu-s; most: {worst}, "
+                        f"{lost[worst]['runs']:,})", "—", "—", None, note))
     return rows
 
 

@@ -8,7 +8,9 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from bench_kueue import evicted_runs, finishing_windows  # noqa: E402
+from bench_kueue import evicted_runs, finishing_windows, summary_rows  # noqa: E402
+
+from services.sim.kueue_scenarios import BASELINE  # noqa: E402
 
 
 def test_every_run_but_a_workloads_last_was_evicted_and_its_cpu_seconds_are_lost():
@@ -44,3 +46,20 @@ def test_a_class_finishes_when_its_workloads_last_runs_end():
     assert windows["large"] == {"p5_s": 6.0, "p50_s": 6.0, "p95_s": 6.0}
     assert windows["small"]["p5_s"] >= 60.2 and windows["small"]["p95_s"] <= 79.2  # s0's evicted run does not count
     assert windows["small"]["p5_s"] < windows["small"]["p50_s"] < windows["small"]["p95_s"]
+
+
+def _result(**extra):
+    classes = {c: {"workloads": 10, "admitted": 10, "mean_s": 1.0, "p50_s": 1.0, "p99_s": 2.0, "max_s": 2.0}
+               for c in ("small", "medium", "large")}
+    return {"scenario": "kueue-baseline", "scale": 1, "workloads": 15000, "ideal_s": 66.0, "complete": True,
+            "services_exited": {}, "stalled": None, "timeout_s": 600, "finished": 15000, "wall_s": 83.5,
+            "usage_min_pct": 82.0, "usage_mean_pct": 83.8, "time_to_admission": classes, **extra}
+
+
+def test_the_summary_table_says_how_much_work_evictions_threw_away():
+    lost = {"large": {"runs": 20, "cpu_s_lost": 25.4}, "medium": {"runs": 5921, "cpu_s_lost": 2320.0},
+            "small": {"runs": 642, "cpu_s_lost": 37.6}}
+    rows = summary_rows(_result(evicted_runs=lost), BASELINE)
+    assert rows[-1]["figure"] == "kueue-baseline: runs evictions threw away"
+    assert rows[-1]["measured"] == "6,583 (2,383 cpu-s; most: medium, 5,921)" and rows[-1]["met"] is None
+    assert all("evictions" not in r["figure"] for r in summary_rows(_result(), BASELINE))  # an older result file
