@@ -231,6 +231,8 @@ class BenchStack:
     cpu_s: dict[str, float | None] = field(default_factory=dict)
     ready_s: float | None = None
     broker_cpu_at_start: float | None = None  # the local broker's CPU seconds when the services started
+    # every second from the services' start: each process's CPU in that second, % of one core
+    cpu_timeline: list[dict[str, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.prefix = f"bench-{self.run}."
@@ -258,8 +260,30 @@ class BenchStack:
         self.broker_cpu_at_start = cpu_seconds(pid) if pid else None
         started = time.monotonic()
         self.stack.start()
+        self._sampler = asyncio.create_task(self._sample_cpu(started))
         await asyncio.to_thread(self.stack.wait_ready, 120)
         self.ready_s = round(time.monotonic() - started, 1)
+
+    def _labelled_pids(self) -> dict[str, int]:
+        pids = {**self.pids(), "bench": os.getpid()}
+        broker = broker_pid()
+        if broker:
+            pids[BROKER_LABEL] = broker
+        return pids
+
+    async def _sample_cpu(self, started: float, every_s: float = 1.0) -> None:
+        """Fill ``cpu_timeline``: which process had the cores when. Totals alone hid that in
+        kueue-baseline's last phases the two cores were full and the queue-manager had ~55% of one."""
+        before = {label: cpu_seconds(pid, digits=None) for label, pid in self._labelled_pids().items()}
+        while True:
+            await asyncio.sleep(every_s)
+            now = {label: cpu_seconds(pid, digits=None) for label, pid in self._labelled_pids().items()}
+            sample: dict[str, float] = {"at_s": round(time.monotonic() - started, 1)}
+            for label, used in now.items():
+                if used is not None and before.get(label) is not None:
+                    sample[label] = round(100 * (used - before[label]) / every_s)
+            self.cpu_timeline.append(sample)
+            before = now
 
     def pids(self) -> dict[str, int]:
         return {name: p.pid for name, p in (self.stack.processes.items() if self.stack else ())}
@@ -297,6 +321,9 @@ class BenchStack:
                 for s in services for lane, topics in SERVICE_INPUTS[s].items()}
 
     async def stop(self) -> None:
+        sampler = getattr(self, "_sampler", None)
+        if sampler is not None:
+            sampler.cancel()
         if self.stack is not None:
             self.read_peak_memory()
             await asyncio.to_thread(self.stack.stop)
@@ -603,6 +630,8 @@ def process_figures(stack: BenchStack, own_label: str) -> dict[str, Any]:
         "services_ready_s": stack.ready_s,
         "cpu_seconds": {**stack.cpu_s, own_label: own_cpu_s()},
         "peak_memory_mib": {**stack.peak_mib, own_label: own_peak_mib()},
+        # per second, each process's % of one core ("bench": this process, the load generator)
+        "cpu_timeline": stack.cpu_timeline,
     }
 
 
