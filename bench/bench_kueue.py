@@ -31,6 +31,10 @@ How it runs (one fresh run per scenario):
   (nominal x wall); time to admission = admission seen by the runner - scheduled creation
   time (a late submission counts against us). The minimum usage over the queues and the mean
   time to admission per class are reported.
+* Where the time went: per class, the runs evictions threw away and the cpu-seconds they lost
+  (``evicted_runs``, a row of the table), when its workloads finished (``finishing_windows``,
+  p5 / p50 / p95 s into the run: the run's phases), and each process's CPU second by second
+  (``cpu_timeline``, % of one core: whether the cores were full, and who had them).
 
 --scale 0.1 keeps the queues and takes a tenth of each workload set (a quick run). Absolute
 wall targets apply at full scale only; at a smaller scale the table says n/a and shows the
