@@ -233,6 +233,7 @@ class BenchStack:
     broker_cpu_at_start: float | None = None  # the local broker's CPU seconds when the services started
     # every second from the services' start: each process's CPU in that second, % of one core
     cpu_timeline: list[dict[str, float]] = field(default_factory=list)
+    _sampler: asyncio.Task[None] | None = field(default=None, init=False, repr=False)  # fills cpu_timeline
 
     def __post_init__(self) -> None:
         self.prefix = f"bench-{self.run}."
@@ -321,9 +322,8 @@ class BenchStack:
                 for s in services for lane, topics in SERVICE_INPUTS[s].items()}
 
     async def stop(self) -> None:
-        sampler = getattr(self, "_sampler", None)
-        if sampler is not None:
-            sampler.cancel()
+        if self._sampler is not None:
+            self._sampler.cancel()
         if self.stack is not None:
             self.read_peak_memory()
             await asyncio.to_thread(self.stack.stop)

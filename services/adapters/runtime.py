@@ -300,7 +300,7 @@ FETCH_MIN_BYTES = int(os.environ.get("QM_FETCH_MIN_BYTES", 1))
 # How long the producer waits to gather more records into one request (faust's default, and
 # ours: 0, send at once). A short wait shares a socket write and a broker round among records a
 # fold sends close together. ADR 0037: at 2 ms the Kueue scenarios took 4-6% less services' CPU
-# and 1-4 s less wall, but the Alibaba replay ran slower in each of four interleaved pairs.
+# and 1-4 s less wall, but the Alibaba replay ran slower in three of four interleaved pairs.
 def producer_linger_ms(raw: str | None) -> int:
     text = "0" if raw is None else raw
     if not text.strip().isdigit() or int(text) > 1000:
