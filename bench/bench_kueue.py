@@ -257,18 +257,23 @@ async def run(scenario: KueueScenario, args: argparse.Namespace) -> dict:
     return result
 
 
+def runs_of(intervals: list[tuple[str, float, float]]) -> dict[str, list[tuple[float, float]]]:
+    """Each workload's pod runs, in order: every run but the last ended in an eviction."""
+    runs: dict[str, list[tuple[float, float]]] = {}
+    for uid, start, stop in intervals:
+        runs.setdefault(uid, []).append((start, stop))
+    return {uid: sorted(spans) for uid, spans in runs.items()}
+
+
 def evicted_runs(intervals: list[tuple[str, float, float]], by_uid: dict) -> dict[str, dict[str, float]]:
     """Per class, the runs that ended in an eviction (every run of a workload but its last) and
     the cpu-seconds they ran for nothing: Kueue's runner restarts an evicted workload's clock,
     so that work is done again, and the wall grows by it."""
-    runs: dict[str, list[tuple[float, float]]] = {}
-    for uid, start, stop in intervals:
-        runs.setdefault(uid, []).append((start, stop))
     out: dict[str, dict[str, float]] = {}
-    for uid, spans in runs.items():
+    for uid, spans in runs_of(intervals).items():
         w = by_uid[uid]
         entry = out.setdefault(w.workload_class, {"runs": 0, "cpu_s_lost": 0.0})
-        for start, stop in sorted(spans)[:-1]:
+        for start, stop in spans[:-1]:
             entry["runs"] += 1
             entry["cpu_s_lost"] += w.requests["cpu"] / 1000 * (stop - start)
     return {name: {"runs": e["runs"], "cpu_s_lost": round(e["cpu_s_lost"], 1)} for name, e in sorted(out.items())}
@@ -278,12 +283,9 @@ def finishing_windows(intervals: list[tuple[str, float, float]], by_uid: dict) -
     """Per class, when its workloads finished (the end of each one's last run), in seconds of
     the run: p5, p50 and p95. It shows the run's phases, e.g. in kueue-baseline which class
     had the quota while the others waited or were evicted."""
-    last: dict[str, float] = {}
-    for uid, _, stop in intervals:
-        last[uid] = max(stop, last.get(uid, stop))
     by_class: dict[str, list[float]] = {}
-    for uid, stop in last.items():
-        by_class.setdefault(by_uid[uid].workload_class, []).append(stop)
+    for uid, spans in runs_of(intervals).items():
+        by_class.setdefault(by_uid[uid].workload_class, []).append(spans[-1][1])
     return {name: {f"p{p}_s": round(pct(sorted(stops), p / 100), 1) for p in (5, 50, 95)}
             for name, stops in sorted(by_class.items())}
 

@@ -265,20 +265,18 @@ class BenchStack:
         await asyncio.to_thread(self.stack.wait_ready, 120)
         self.ready_s = round(time.monotonic() - started, 1)
 
-    def _labelled_pids(self) -> dict[str, int]:
+    async def _sample_cpu(self, started: float, every_s: float = 1.0) -> None:
+        """Fill ``cpu_timeline``: which process had the cores when. Totals alone hid that in
+        kueue-baseline's last phases the two cores were full and the queue-manager had ~55% of one.
+        The processes are the ones running when it starts (the services are started before)."""
         pids = {**self.pids(), "bench": os.getpid()}
         broker = broker_pid()
         if broker:
             pids[BROKER_LABEL] = broker
-        return pids
-
-    async def _sample_cpu(self, started: float, every_s: float = 1.0) -> None:
-        """Fill ``cpu_timeline``: which process had the cores when. Totals alone hid that in
-        kueue-baseline's last phases the two cores were full and the queue-manager had ~55% of one."""
-        before = {label: cpu_seconds(pid, digits=None) for label, pid in self._labelled_pids().items()}
+        before = {label: cpu_seconds(pid, digits=None) for label, pid in pids.items()}
         while True:
             await asyncio.sleep(every_s)
-            now = {label: cpu_seconds(pid, digits=None) for label, pid in self._labelled_pids().items()}
+            now = {label: cpu_seconds(pid, digits=None) for label, pid in pids.items()}
             sample: dict[str, float] = {"at_s": round(time.monotonic() - started, 1)}
             for label, used in now.items():
                 if used is not None and before.get(label) is not None:
