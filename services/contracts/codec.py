@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
-import fastjsonschema
+import jsonschema_rs
 import orjson
 from jsonschema import Draft202012Validator, FormatChecker
 
@@ -226,11 +226,9 @@ def validate_document(document: Any, *, strict: bool) -> None:
 
 
 def _raise_first(validator: _Checker, instance: Any, where: str, prefix: str = "") -> None:
-    try:
-        validator.fast(instance)
+    if validator.fast(instance):
         return
-    except fastjsonschema.JsonSchemaException:
-        pass  # find and word the error with jsonschema: slower, but only on the refusal path
+    # find and word the error with jsonschema: slower, but only on the refusal path
     error = min(validator.full.iter_errors(instance), key=lambda e: list(map(str, e.absolute_path)), default=None)
     if error is not None:
         raise ContractError(f"{where}: {_field_path(prefix, error.absolute_path)}", error.message)
@@ -260,9 +258,13 @@ def _is_utc_timestamp(value: object) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class _Checker:
-    """A compiled fast check for the common (valid) case, and jsonschema to word a refusal."""
+    """A compiled yes/no check for the common (valid) case, and jsonschema to word a refusal.
 
-    fast: Callable[[Any], Any]
+    The fast check is jsonschema-rs (compiled Rust; ADR 0038): at every hop of every service it
+    took half the time of fastjsonschema's generated Python. It checks dates with our own rule,
+    and a record it refuses is judged again by the full validator, which has the last word."""
+
+    fast: Callable[[Any], bool]
     full: Draft202012Validator
 
 
@@ -271,9 +273,8 @@ def _validator(name: str, strict: bool) -> _Checker:
     schema = envelope_schema() if name == "envelope" else event_schema(name)
     if not strict:
         schema = _tolerate_unknown_fields(copy.deepcopy(schema))
-    compilable = {k: v for k, v in schema.items() if k != "$schema"}  # same keywords, draft-07 compiler
-    fast = fastjsonschema.compile(compilable, formats={"date-time": _fast_date_time})
-    return _Checker(fast, Draft202012Validator(schema, format_checker=_formats))
+    fast = jsonschema_rs.validator_for(schema, formats={"date-time": _fast_date_time}, validate_formats=True)
+    return _Checker(fast.is_valid, Draft202012Validator(schema, format_checker=_formats))
 
 
 def _fast_date_time(value: str) -> bool:
