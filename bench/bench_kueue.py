@@ -222,6 +222,7 @@ async def run(scenario: KueueScenario, args: argparse.Namespace) -> dict:
     usage = {cq: u / (scenario.nominal_cpu * elapsed) for cq, u in used.items()}
     evicted = evicted_runs(runner.intervals, by_uid)
     finishing = finishing_windows(runner.intervals, by_uid)
+    packing = packing_timeline(runner.intervals, by_uid, scenario.nominal_cpu * len(scenario.cluster_queues), elapsed)
     lags = sorted(runner.submit_lag_s)
     result = {
         "scenario": scenario.name,
@@ -239,6 +240,7 @@ async def run(scenario: KueueScenario, args: argparse.Namespace) -> dict:
         "evictions": runner.stats.evicted,
         "evicted_runs": evicted,
         "finishing_windows": finishing,
+        "packing_timeline": packing,
         "usage_min_pct": round(100 * min(usage.values()), 1),
         "usage_mean_pct": round(100 * sum(usage.values()) / len(usage), 1),
         "usage_max_pct": round(100 * max(usage.values()), 1),
@@ -288,6 +290,25 @@ def finishing_windows(intervals: list[tuple[str, float, float]], by_uid: dict) -
         by_class.setdefault(by_uid[uid].workload_class, []).append(spans[-1][1])
     return {name: {f"p{p}_s": round(pct(sorted(stops), p / 100), 1) for p in (5, 50, 95)}
             for name, stops in sorted(by_class.items())}
+
+
+def packing_timeline(intervals: list[tuple[str, float, float]], by_uid: dict, quota_cpu: float,
+                     elapsed: float) -> list[dict[str, float]]:
+    """Per second of the run, the % of all nominal cpu that running pods used, by class. Where
+    it is under 100 the quota stood idle or was held by hops (reservation, start, release),
+    and the wall grew by it."""
+    seconds = int(elapsed) + 1
+    used: dict[str, list[float]] = {}
+    for uid, start, stop in intervals:
+        row = used.setdefault(by_uid[uid].workload_class, [0.0] * seconds)
+        cpu = by_uid[uid].requests["cpu"] / 1000
+        for second in range(max(int(start), 0), min(int(stop), seconds - 1) + 1):
+            overlap = min(stop, second + 1) - max(start, second)
+            if overlap > 0:
+                row[second] += cpu * overlap
+    return [{"at_s": second, **{name: round(100 * row[second] / quota_cpu, 1) for name, row in sorted(used.items())},
+             "all": round(100 * sum(row[second] for row in used.values()) / quota_cpu, 1)}
+            for second in range(seconds)]
 
 
 def _fmt_s(value: float | None) -> str:
@@ -342,6 +363,9 @@ async def main_async(args: argparse.Namespace) -> int:
         lost = ", ".join(f"{c} {e['runs']} ({e['cpu_s_lost']} cpu-s)" for c, e in result["evicted_runs"].items())
         print("finished (p5 / p50 / p95 s into the run): " + ", ".join(
             f"{c} {w['p5_s']} / {w['p50_s']} / {w['p95_s']}" for c, w in result["finishing_windows"].items()))
+        print("quota used by running pods, % per 5 s: " + " ".join(
+            str(round(sum(r["all"] for r in result["packing_timeline"][i:i + 5]) / len(result["packing_timeline"][i:i + 5])))
+            for i in range(0, len(result["packing_timeline"]), 5)))
         print(f"\nevictions {result['evictions']} (runs thrown away: {lost or 'none'}), "
               f"submit lag p99 {result['submit_lag_s']['p99']} s, "
               f"peak memory MiB {result['peak_memory_mib']}\n{hops_line(result['finish_hops'])}\nwritten {path}")  # fmt: skip

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from bench_kueue import evicted_runs, finishing_windows, summary_rows  # noqa: E402
+from bench_kueue import evicted_runs, finishing_windows, packing_timeline, summary_rows  # noqa: E402
 
 from services.sim.kueue_scenarios import BASELINE  # noqa: E402
 
@@ -46,6 +46,17 @@ def test_a_class_finishes_when_its_workloads_last_runs_end():
     assert windows["large"] == {"p5_s": 6.0, "p50_s": 6.0, "p95_s": 6.0}
     assert windows["small"]["p5_s"] >= 60.2 and windows["small"]["p95_s"] <= 79.2  # s0's evicted run does not count
     assert windows["small"]["p5_s"] < windows["small"]["p50_s"] < windows["small"]["p95_s"]
+
+
+def test_packing_splits_each_run_across_the_seconds_it_spans():
+    by_uid = {"s1": SimpleNamespace(workload_class="small", requests={"cpu": 1000}),
+              "l1": SimpleNamespace(workload_class="large", requests={"cpu": 20000})}
+    # 20 cpu of quota; the large runs 0.5-1.5 s, the small 1.9-2.1 s
+    rows = packing_timeline([("l1", 0.5, 1.5), ("s1", 1.9, 2.1)], by_uid, quota_cpu=20, elapsed=2.5)
+    assert [r["at_s"] for r in rows] == [0, 1, 2]
+    assert rows[0] == {"at_s": 0, "large": 50.0, "small": 0.0, "all": 50.0}
+    assert rows[1] == {"at_s": 1, "large": 50.0, "small": 0.5, "all": 50.5}
+    assert rows[2] == {"at_s": 2, "large": 0.0, "small": 0.5, "all": 0.5}
 
 
 def _result(**extra):
