@@ -163,6 +163,8 @@ class _Entry:
     reason: Reason = Reason.WAITING_FOR_QUOTA
     share: int = 0
     sort_key: tuple[object, ...] = (1 << 62,)  # entries without an assignment go last
+    # (drain) a preemptor's hold: what it needs beyond what its victims, still counted, will free
+    held: tuple[tuple[tuple[str, str], int], ...] | None = None
 
 
 _SORT_KEY = attrgetter("sort_key")
@@ -386,6 +388,15 @@ class _Queues:
         self.live = list(self.lanes.values())
 
 
+def _beyond(usage: dict[tuple[str, str], int], victims: list[AdmittedWorkload]) -> tuple[tuple[tuple[str, str], int], ...]:
+    """What a preemptor uses beyond what its victims hold (positive parts)."""
+    freed: dict[tuple[str, str], int] = {}
+    for victim in victims:
+        for fr, value in victim.usage:
+            freed[fr] = freed.get(fr, 0) + value
+    return tuple((fr, value - freed.get(fr, 0)) for fr, value in usage.items() if value > freed.get(fr, 0))
+
+
 def _reserve(e: _Entry) -> list[tuple[tuple[str, str], int]]:
     """Kueue's quotaResourcesToReserve for a preemptor without candidates (positive parts)."""
     assert e.assignment is not None
@@ -420,6 +431,10 @@ class _Scheduler:
         self.queued_in: dict[str, str] = {}
         self.order: list[str] = []
         self.done: set[str] = set()  # admitted or (drain) preempting: out of the queues
+        # (drain) preemptors of earlier cycles: Kueue nominates a preemptor again in every cycle
+        # until its victims are gone, and so holds its quota in each; a drain evicts nobody, so
+        # its nomination stands and only its place in each cycle's order is taken again
+        self.holding: list[_Entry] = []
         self.preempted_for: dict[str, tuple[PreemptionTarget, ...]] = {}
         # pod sets -> a small int (a shape id), so nomination memo keys hash an int, not nested
         # dataclasses; and the one copy of each distinct pod sets that nominations use
@@ -517,6 +532,7 @@ class _Scheduler:
                     e.share = dominant_resource_share(cq.node, e.assignment.usage)[0]
                 e.sort_key = (e.assignment.borrowing, e.share, -wl.priority, wl.created_at, wl.key)
             entries.append(e)
+        entries += self.holding
         entries.sort(key=_SORT_KEY)
 
         progress = False
@@ -531,6 +547,11 @@ class _Scheduler:
         set_aside: list[_Entry] = []
         for e in entries:
             wl, cq = e.wl, e.cq
+            if e.held is not None:  # not to be taken by an entry after it in this cycle's order
+                for fr, value in e.held:
+                    add_usage(cq.node, fr, value)
+                    temporary.append((cq.node, fr, value))
+                continue
             if e.assignment is None:
                 self._pending(e, e.reason, e.message)
                 set_aside.append(e)
@@ -563,16 +584,18 @@ class _Scheduler:
                 # A drain evicts nobody: the victims keep their quota until the preemption
                 # service has evicted them, and it may refuse (a PreemptionPolicy). Nothing else
                 # in the pass may use that quota, or the cohort is overcommitted meanwhile (the
-                # property test found 9 GPUs admitted on 8). The preemptor's own usage is still
-                # held below, as Kueue does.
+                # property test found 9 GPUs admitted on 8). The preemptor holds what it needs
+                # beyond that, as Kueue holds its usage with its victims counted out.
                 for victim in reversed(removed):
                     snap.add_workload(victim)
+                hold = _beyond(usage, removed)
             else:
                 victims_out += removed
+                hold = tuple(usage.items())
             for t in e.targets:
                 preempted[t.workload] = t
             if mode is AssignmentMode.PREEMPT:
-                for fr, value in usage.items():
+                for fr, value in hold:
                     add_usage(cq.node, fr, value)
                     temporary.append((cq.node, fr, value))
                 message = f"{e.message}. Pending the preemption of {len(e.targets)} workload(s)"
@@ -593,6 +616,8 @@ class _Scheduler:
                 if drain:
                     self.done.add(wl.key)
                     self.queues.lanes[cq.name].preempting = True
+                    e.held = hold
+                    self.holding.append(e)
                 continue
             snap.add_workload(
                 AdmittedWorkload(
@@ -706,7 +731,9 @@ def drain(
 
     Preemptions are decided (status Preempting) but not carried out: victims keep their
     quota until the caller removes them from the snapshot, and the preemptor stays its
-    queue's head (Kueue's sticky head), so nothing behind it is nominated in this pass.
+    queue's head (Kueue's sticky head), so nothing behind it is nominated in this pass; in
+    every cycle of the pass it holds what it needs beyond its victims' quota, at its place in
+    the cycle's order, as Kueue's preemptor does in every cycle until its victims are gone.
 
     `in_place`: work on `snapshot` itself instead of a copy; it ends as the result's snapshot,
     with exactly the admitted workloads added. For a caller that keeps one snapshot per cohort

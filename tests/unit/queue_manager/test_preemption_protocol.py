@@ -275,3 +275,26 @@ def test_a_question_is_identified_by_the_admitted_sets_revision_not_its_members(
     assert second.payload.preemptor["uid"] == "uid-chat"
     assert {a["uid"] for a in second.payload.snapshot["admitted"]} == {a["uid"] for a in first.payload.snapshot["admitted"]}
     assert second.event_id != first.event_id
+
+
+def test_an_arrival_cannot_take_the_quota_a_waiting_preemptor_holds(tmp_path):
+    """Kueue nominates the preemptor first in every cycle and holds its quota there, so a
+    newcomer of lower priority cannot take what frees up while the victims go. Judged alone,
+    every small arrival took it, and the preemptor asked again and again."""
+    ctx = config(tmp_path)
+    state, _ = run(ctx, [validated("train", 16, 0, "training"), validated("batch-a", 8, 0, "batch"),
+                         validated("batch-b", 8, 0, "batch")])
+    state, out = run(ctx, [validated("chat", 16, 1000, "inference", at="2026-11-29T10:01:00Z")], state)
+    assert [o for o in out if o.envelope.event_type == "preemption.needed.v1"]
+    finished = make_envelope(WorkloadFinished(uid="uid-batch-a", namespace="ml-team", name="batch-a",
+                                              finished_at="2026-11-29T10:01:10Z", succeeded=True),
+                             producer="watcher", occurred_at="2026-11-29T10:01:10Z")
+    state, out = run(ctx, [finished], state)  # 8 GPUs free: the preemptor needs 16
+    assert not [o for o in out if o.envelope.event_type == "workload.quota_reserved.v1"]
+    state, out = run(ctx, [validated("late", 4, 0, "batch", at="2026-11-29T10:01:20Z")], state)
+    assert not [o for o in out if o.envelope.event_type == "workload.quota_reserved.v1"]
+    assert "uid-late" in state["pending"] and state["preemptors"] == {"uid-chat": True}
+
+    state, out = run(ctx, [answer_of("chat", "2026-11-29T10:01:30Z", "batch-b")], state)
+    reserved = [o.envelope.payload.name for o in out if o.envelope.event_type == "workload.quota_reserved.v1"]
+    assert reserved == ["chat"] and not state["preemptors"]

@@ -240,3 +240,22 @@ def test_a_drain_lets_nothing_else_use_the_quota_of_victims_it_only_asked_for():
     admitted = {k: d for k, d in got.items() if d.status is WorkloadStatus.ADMITTED}
     gpus = {"default/w1": 4, "default/w3": 1, "default/w4": 3, "default/w5": 1, "default/w6": 1}
     assert sum(gpus[k] for k in admitted) <= 8, sorted(admitted)
+
+
+def test_a_drain_holds_a_preemptors_quota_in_every_later_cycle_of_the_pass():
+    """Kueue nominates a preemptor again in every cycle until its victims are gone, so its
+    quota is held in each, not only in the first: a BestEffortFIFO queue of small borrowers
+    put a new head forward every cycle, and the second one took the GPU the preemptor was
+    waiting for (kueue-baseline's 20-cpu workloads waited behind 1-cpu ones this way)."""
+    docs = [
+        F,
+        *lqs("a", "b"),
+        make_cq("a").cohort("c").gpu("f", 4).preemption(within="LowerPriority").obj(),
+        make_cq("b").cohort("c").gpu("f", 0).obj(),
+        make_wl("low").queue("a").gpu(3).admitted("a", "f").obj(),
+        make_wl("vip").queue("a").priority(10).gpu(4).created(1).obj(),
+        *[make_wl(f"s{i}").queue("b").gpu(1).created(2 + i).obj() for i in range(3)],
+    ]
+    got = schedule(docs, mode="drain")
+    assert got["default/vip"].status is WorkloadStatus.PREEMPTING
+    assert all(got[f"default/s{i}"].status is WorkloadStatus.PENDING for i in range(3)), summary(got)
