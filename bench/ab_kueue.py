@@ -32,6 +32,7 @@ from common import RESULTS, scale_arg  # noqa: E402
 from hops import slowest_release  # noqa: E402
 
 from services.demo.stack import SERVICES  # noqa: E402
+from services.sim.kueue_scenarios import DIAGNOSTIC  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,7 +67,7 @@ def side_arg(text: str) -> Side:
 
 def run_once(side: Side, scenario: str, scale: float, log: Path) -> dict:
     """One bench_kueue.py run in the side's checkout; its result JSON."""
-    result = side.tree / "bench" / "results" / f"kueue-{scenario}.json"
+    result = side.tree / "bench" / "results" / f"{scenario if scenario in DIAGNOSTIC else 'kueue-' + scenario}.json"
     result.unlink(missing_ok=True)  # a failed run must not report the previous one's figures
     with log.open("wb") as out:
         subprocess.run([str(side.tree / ".venv" / "bin" / "python"), "bench/bench_kueue.py", "--scenario", scenario,
@@ -119,7 +120,7 @@ def _round(value: float | None) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--scenario", choices=["baseline", "large-scale"], default="baseline")
+    p.add_argument("--scenario", choices=["baseline", "large-scale", *DIAGNOSTIC], default="baseline")
     p.add_argument("--scale", type=scale_arg, default=1.0, help="as bench_kueue.py's --scale (default 1)")
     p.add_argument("--reps", type=int, default=1, help="runs of each side (default 1)")
     p.add_argument("--side", type=side_arg, action="append", required=True,

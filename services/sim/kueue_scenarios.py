@@ -41,9 +41,11 @@ from services.sim.workloads import SIM_EPOCH, SimWorkload, at_iso, submitted_eve
 
 __all__ = [
     "BASELINE",
+    "DIAGNOSTIC",
     "FLAVOR",
     "LARGE_SCALE",
     "SCENARIOS",
+    "SMALLS_PHASE",
     "KueueScenario",
     "WallClockRunner",
     "WorkloadSet",
@@ -133,6 +135,18 @@ LARGE_SCALE: Final = KueueScenario(
     ),
 )
 SCENARIOS: Final = {s.name: s for s in (BASELINE, LARGE_SCALE)}
+# Not Kueue's: kueue-baseline's last phase alone, in ~40 s. On each queue one 20-cpu workload of
+# priority 200 holds the whole quota for 25 s while the queue's 350 smalls arrive (1 ms apart) and
+# are judged; then the smalls run with nothing else, as after baseline's last medium. It also
+# checks that the 20-cpu workloads are admitted at once over the arriving smalls (ADR 0039).
+SMALLS_PHASE: Final = KueueScenario(
+    "smalls-phase", cohorts=5, queues_per_cohort=6, nominal_cpu=20, borrowing_limit_cpu=100,
+    sets=(
+        WorkloadSet("small", 350, 1, 200, 50, 1),
+        WorkloadSet("large", 1, 1, 25_000, 200, 20),
+    ),
+)
+DIAGNOSTIC: Final = {SMALLS_PHASE.name: SMALLS_PHASE}
 
 
 def kueue_objects(scenario: KueueScenario) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from bench_kueue import evicted_runs, finishing_windows, packing_timeline, summary_rows  # noqa: E402
 
-from services.sim.kueue_scenarios import BASELINE  # noqa: E402
+from services.sim.kueue_scenarios import BASELINE, SMALLS_PHASE  # noqa: E402
 
 
 def test_every_run_but_a_workloads_last_was_evicted_and_its_cpu_seconds_are_lost():
@@ -74,3 +74,11 @@ def test_the_summary_table_says_how_much_work_evictions_threw_away():
     assert rows[-1]["figure"] == "kueue-baseline: runs evictions threw away"
     assert rows[-1]["measured"] == "6,583 (2,383 cpu-s; most: medium, 5,921)" and rows[-1]["met"] is None
     assert all("evictions" not in r["figure"] for r in summary_rows(_result(), BASELINE))  # an older result file
+
+
+def test_a_diagnostic_scenario_has_figures_but_no_anchor_or_target():
+    rows = summary_rows(_result(scenario="smalls-phase", workloads=10530), SMALLS_PHASE)
+    assert rows[0]["figure"] == "smalls-phase: wall (creation of first → last finished)"
+    assert rows[0]["measured"] == "83.5 s" and rows[0]["target"] == "—" and rows[0]["met"] is None
+    assert all(r["met"] is None for r in rows)
+    assert summary_rows(_result(scenario="smalls-phase", complete=False, finished=9000), SMALLS_PHASE)[0]["met"] is False
