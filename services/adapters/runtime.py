@@ -30,7 +30,7 @@ from faust.transport.drivers.aiokafka import ensure_aiokafka_TP
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Info, generate_latest
 
 from services.adapters import logs
-from services.adapters.bus import TypeSieve, dlq_headers
+from services.adapters.bus import KeyPartitioner, TypeSieve, dlq_headers
 from services.adapters.gc_tuning import freeze_startup_objects, tune_gc
 from services.adapters.settings import Settings
 from services.contracts.codec import (
@@ -501,6 +501,7 @@ class ServiceRuntime:
             stream_wait_empty=False,
             producer_max_request_size=MAX_RECORD_BYTES,
             producer_linger=PRODUCER_LINGER_MS / 1000,
+            producer_partitioner=KeyPartitioner(),  # murmur2 once per key, not per record
             # A crashed worker's partitions move on within seconds, not faust's default minute.
             broker_session_timeout=float(os.environ.get("QM_SESSION_TIMEOUT_S", 10)),
             broker_heartbeat_interval=float(os.environ.get("QM_HEARTBEAT_INTERVAL_S", 2)),

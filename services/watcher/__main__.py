@@ -20,7 +20,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from services.adapters import logs
-from services.adapters.bus import dlq_headers
+from services.adapters.bus import KeyPartitioner, dlq_headers
 from services.adapters.gc_tuning import tune_gc
 from services.adapters.settings import Settings
 from services.contracts.codec import ContractError, validate_document
@@ -32,7 +32,8 @@ log = logging.getLogger("qm.watcher")
 class KafkaBus:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all", linger_ms=5)
+        self.producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all", linger_ms=5,
+                                         partitioner=KeyPartitioner())
         self.consumer = AIOKafkaConsumer(
             settings.topic("qm.actions"), bootstrap_servers=settings.kafka_bootstrap, group_id=settings.app_id,
             enable_auto_commit=False, auto_offset_reset="earliest",

@@ -116,3 +116,17 @@ def test_objects_round_trip_through_yaml():
     assert set(loaded.flavors) == set(queues.flavor_order)
     cq = loaded.cluster_queues["cq-vision"]
     assert all(r.borrowing_limit is None for rg in cq.resource_groups for f in rg.flavors for r in f.resources)
+
+
+def test_at_iso_writes_what_utc_iso_writes_for_the_same_millisecond():
+    import random
+    from datetime import timedelta
+
+    from services.contracts.codec import utc_iso
+    from services.sim.workloads import SIM_EPOCH, at_iso
+
+    rng = random.Random(3)
+    moments = [0, 0.0004, 0.0005, 1.2345, 59.9999, -0.001, -3600.5, 86_400 * 400 + 0.25]
+    moments += [rng.uniform(-1e6, 5e7) for _ in range(2000)] + [rng.randint(0, 10**6) / 1000 for _ in range(2000)]
+    for s in moments:
+        assert at_iso(s) == utc_iso(SIM_EPOCH + timedelta(milliseconds=round(s * 1000))), s
