@@ -70,7 +70,7 @@ def decide(submitted: WorkloadSubmitted, cause: Envelope) -> list[Output]:
         policies.current(), obj, namespace_object,
         usage=replica.usage(submitted.namespace),
         budget=replica.budget(cost_center_of(obj, namespace_object)),
-        cluster=replica.cluster(),
+        cluster=replica.cluster,  # computed only if a policy reads it
         enforcement_point=EnforcementPoint.BUS,
     )
     if not decision.allowed:

@@ -130,7 +130,7 @@ def make_app(
             namespace_object,
             live.usage(namespace) if namespace else None,
             live.budget(cost_center) if cost_center else None,
-            live.cluster(),
+            live.cluster,  # computed only if a policy reads it
             str(req.get("operation", "CREATE")),
             old_object=old,
             user_info=req.get("userInfo"),

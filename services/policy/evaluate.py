@@ -22,6 +22,7 @@ CEL variables bound for every policy:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,7 +129,7 @@ def evaluate(
     namespace_object: dict[str, Any] | None = None,
     usage: dict[str, Any] | None = None,
     budget: dict[str, Any] | None = None,
-    cluster: dict[str, Any] | None = None,
+    cluster: dict[str, Any] | Callable[[], dict[str, Any] | None] | None = None,
     operation: str = "CREATE",
     *,
     old_object: dict[str, Any] | None = None,
@@ -136,32 +137,42 @@ def evaluate(
     dry_run: bool = False,
     enforcement_point: str = EnforcementPoint.ALL,
 ) -> AdmissionDecision:
-    """Evaluate every matching policy; return allowed/violations/warnings. Never raises for a 'no'."""
+    """Evaluate every matching policy; return allowed/violations/warnings. Never raises for a 'no'.
+
+    `cluster` may be a callable, called only if a matching policy reads `cluster` (the signals
+    are computed over every namespace's usage: ~5% of admission's CPU in kueue-large-scale,
+    where no policy read them)."""
     any_object = object if object is not None else (old_object or {})
     meta = any_object.get("metadata") or {}
     if namespace_object is not None and any_object.get("kind") == "Namespace":
         namespace = meta.get("name", "")
     else:
         namespace = meta.get("namespace") or ((namespace_object or {}).get("metadata") or {}).get("name", "")
-    ctx: cel.Context | None = None
-    violations: list[Violation] = []
-    errors: list[str] = []
+    # First which policies apply (or cannot be matched), then one context with what those read.
+    applying: list[tuple[Policy, str, MatchError | None]] = []
     for policy in policy_set.policies:
         action = policy.action_for(namespace, enforcement_point)
         if action is None:
             continue
         try:
-            if not matches(policy.match, any_object, namespace_object, operation):
-                continue
+            if matches(policy.match, any_object, namespace_object, operation):
+                applying.append((policy, action, None))
         except MatchError as e:
+            applying.append((policy, action, e))
+    ctx: cel.Context | None = None
+    violations: list[Violation] = []
+    errors: list[str] = []
+    for policy, action, match_error in applying:
+        if match_error is not None:
             if policy.fail_closed:
-                violations.append(Violation(policy.name, action, f"cannot match: {e}", policy.kind))
+                violations.append(Violation(policy.name, action, f"cannot match: {match_error}", policy.kind))
             else:
-                errors.append(f"[{policy.name}] cannot match: {e}")
+                errors.append(f"[{policy.name}] cannot match: {match_error}")
             continue
         if ctx is None:
+            refs = frozenset().union(*(p.references for p, _, e in applying if e is None))
             ctx = _context(
-                policy_set, object, any_object, old_object, namespace_object, usage, budget, cluster,
+                policy_set, refs, object, any_object, old_object, namespace_object, usage, budget, cluster,
                 operation, namespace, user_info, dry_run,
             )  # fmt: skip
         try:
@@ -187,13 +198,14 @@ def evaluate(
 
 def _context(
     policy_set: PolicySet,
+    refs: frozenset[str],  # the root variables the applying policies read
     object: dict[str, Any] | None,  # noqa: A002
     any_object: dict[str, Any],
     old_object: dict[str, Any] | None,
     namespace_object: dict[str, Any] | None,
     usage: dict[str, Any] | None,
     budget: dict[str, Any] | None,
-    cluster: dict[str, Any] | None,
+    cluster: dict[str, Any] | Callable[[], dict[str, Any] | None] | None,
     operation: str,
     namespace: str,
     user_info: dict[str, Any] | None,
@@ -209,7 +221,6 @@ def _context(
         "userInfo": user_info or {},
         "dryRun": dry_run,
     }
-    refs = policy_set.references
     builders: dict[str, Any] = {
         "object": lambda: object,
         "oldObject": lambda: old_object,
@@ -219,7 +230,7 @@ def _context(
         "workload": lambda: workload_view(any_object, namespace_object),
         "usage": lambda: usage_view(usage, namespace),
         "budget": lambda: budget_view(budget),
-        "cluster": lambda: cluster_view(cluster),
+        "cluster": lambda: cluster_view(cluster() if callable(cluster) else cluster),
         PARAMS_BY_POLICY: lambda: policy_set.bindings.get(PARAMS_BY_POLICY, {}),
         PARAMS_OBJECT_BY_POLICY: lambda: policy_set.bindings.get(PARAMS_OBJECT_BY_POLICY, {}),
     }

@@ -221,3 +221,21 @@ def test_one_requests_values_never_leak_into_the_next_one():
     other = policy_set(GPU_MAX_TEMPLATE + gpu_max_constraint(max_gpu=64))  # another set: its own params
     assert evaluate(other, JOB8, None, over, None, None, "CREATE").allowed
     assert not evaluate(ps, JOB8, None, over, None, None, "CREATE").allowed
+
+
+def test_cluster_signals_are_asked_for_only_when_an_applying_policy_reads_them():
+    asked = []
+
+    def signals():
+        asked.append(1)
+        return {"gpuUtilization": 0.9}
+
+    busy = policy_set(qm_policy("cluster.gpuUtilization < 0.5"))
+    assert not evaluate(busy, JOB8, cluster=signals).allowed and asked == [1]
+    assert evaluate(busy, JOB8, cluster={"gpuUtilization": 0.1}).allowed  # a value still works
+    asked.clear()
+    assert evaluate(policy_set(qm_policy("workload.gpus <= params.maxGpu")), JOB8, cluster=signals).allowed
+    not_matching = qm_policy("cluster.gpuUtilization < 0.5",
+                             extra="  matchConstraints: {namespaces: [other-team]}")
+    assert evaluate(policy_set(not_matching), JOB8, cluster=signals).allowed
+    assert asked == []
