@@ -297,7 +297,14 @@ async def follow(
     fetch_max_wait_ms: int = 500,
     fetch_min_bytes: int = 1,
 ) -> None:
-    """Apply every record's payload of `topics` from the beginning, then keep following, with
+    """Apply every record's payload of `topics` from the beginning, then keep following (see
+    Follower, which this runs)."""
+    await Follower(bootstrap, topics, on_payload, caught_up, wanted, fetch_max_wait_ms=fetch_max_wait_ms,
+                   fetch_min_bytes=fetch_min_bytes).run()
+
+
+class Follower:
+    """Applies every record's payload of `topics` from the beginning, then keeps following, with
     no consumer group: every process that follows sees every partition (read-only replicas,
     configuration). `caught_up` is set once the end offsets seen at start are reached.
 
@@ -309,48 +316,100 @@ async def follow(
 
     `fetch_min_bytes` / `fetch_max_wait_ms`: how much the broker gathers, and for how long at
     most, before it answers a fetch. The defaults answer as soon as anything is there; on a
-    busy topic that is a fetch per handful of records (see LiveReplica)."""
-    markers = None if wanted is None else tuple(event_type.encode() for event_type in wanted)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
-                                fetch_max_wait_ms=fetch_max_wait_ms, fetch_min_bytes=fetch_min_bytes)
-    await consumer.start()
-    try:
-        tps = []
-        for topic in topics:
-            partitions = consumer.partitions_for_topic(topic)
-            while partitions is None:
-                await consumer._client.force_metadata_update()
+    busy topic that is a fetch per handful of records (see LiveReplica).
+
+    `read_past()` waits until everything appended before a given record is applied: a reader
+    of another consumer can be sure the replica is not behind what it just read."""
+
+    def __init__(self, bootstrap: str, topics: list[str], on_payload: Callable[[Any], None],
+                 caught_up: asyncio.Event | None = None, wanted: frozenset[str] | None = None, *,
+                 fetch_max_wait_ms: int = 500, fetch_min_bytes: int = 1) -> None:
+        self._bootstrap, self._topics, self._on_payload = bootstrap, topics, on_payload
+        self._caught_up, self._wanted = caught_up, wanted
+        self._fetch = {"fetch_max_wait_ms": fetch_max_wait_ms, "fetch_min_bytes": fetch_min_bytes}
+        self._consumer: AIOKafkaConsumer | None = None  # set once its partitions are assigned
+        self._tps: list[TopicPartition] = []
+        self._applied = asyncio.Condition()  # notified after every batch of records is applied
+        self._reached: dict[TopicPartition, int] = {}  # end offsets a read_past has seen applied
+
+    async def run(self) -> None:
+        wanted = self._wanted
+        markers = None if wanted is None else tuple(event_type.encode() for event_type in wanted)
+        consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, enable_auto_commit=False,
+                                    auto_offset_reset="earliest", **self._fetch)
+        await consumer.start()
+        try:
+            tps = []
+            for topic in self._topics:
                 partitions = consumer.partitions_for_topic(topic)
-                if partitions is None:
-                    await asyncio.sleep(0.5)
-            tps += [TopicPartition(topic, p) for p in partitions]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        end = await consumer.end_offsets(tps)
-        behind = {tp for tp in tps if end[tp] > 0}
-        if caught_up is not None and not behind:
-            caught_up.set()
-        while True:
-            batch = await consumer.getmany(timeout_ms=500)
-            for records in batch.values():
-                for record in records:
-                    if markers is not None and not any(marker in (record.value or b"") for marker in markers):
-                        continue
-                    try:
-                        documents = documents_of(record.value)
-                    except ContractError as error:
-                        log.warning("unreadable record on %s skipped: %s", record.topic, error)
-                        continue
-                    for _, _, envelope in envelopes_in(documents, wanted):
-                        if isinstance(envelope, ContractError):
-                            log.warning("unreadable record on %s skipped: %s", record.topic, envelope)
-                        elif envelope is not None:
-                            on_payload(envelope.payload)
-            if caught_up is not None and not caught_up.is_set():
-                for tp in list(behind):
-                    if await consumer.position(tp) >= end[tp]:
-                        behind.discard(tp)
-                if not behind:
-                    caught_up.set()
-    finally:
-        await consumer.stop()
+                while partitions is None:
+                    await consumer._client.force_metadata_update()
+                    partitions = consumer.partitions_for_topic(topic)
+                    if partitions is None:
+                        await asyncio.sleep(0.5)
+                tps += [TopicPartition(topic, p) for p in partitions]
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            self._consumer, self._tps = consumer, tps
+            end = await consumer.end_offsets(tps)
+            behind = {tp for tp in tps if end[tp] > 0}
+            caught_up = self._caught_up
+            if caught_up is not None and not behind:
+                caught_up.set()
+            while True:
+                batch = await consumer.getmany(timeout_ms=500)
+                for records in batch.values():
+                    for record in records:
+                        if markers is not None and not any(marker in (record.value or b"") for marker in markers):
+                            continue
+                        try:
+                            documents = documents_of(record.value)
+                        except ContractError as error:
+                            log.warning("unreadable record on %s skipped: %s", record.topic, error)
+                            continue
+                        for _, _, envelope in envelopes_in(documents, wanted):
+                            if isinstance(envelope, ContractError):
+                                log.warning("unreadable record on %s skipped: %s", record.topic, envelope)
+                            elif envelope is not None:
+                                self._on_payload(envelope.payload)
+                if batch:
+                    async with self._applied:
+                        self._applied.notify_all()
+                if caught_up is not None and not caught_up.is_set():
+                    for tp in list(behind):
+                        if await consumer.position(tp) >= end[tp]:
+                            behind.discard(tp)
+                    if not behind:
+                        caught_up.set()
+        finally:
+            self._consumer = None
+            await consumer.stop()
+
+    async def read_past(self, topic: str, partition: int, offset: int, timeout_s: float) -> bool:
+        """Wait until every record appended to the followed topics before the record at (topic,
+        partition, offset) is applied. False if that did not happen within `timeout_s`, or the
+        follower is not running.
+
+        It asks the broker for the end offsets and waits until they are applied. Those end
+        offsets are remembered: a record below one of them was appended before that question,
+        so it needs no second one (a burst of such records waits once)."""
+        if self._reached.get(TopicPartition(topic, partition), 0) > offset:
+            return True
+        consumer = self._consumer
+        if consumer is None:
+            return False
+        try:
+            async with asyncio.timeout(timeout_s):
+                end = await consumer.end_offsets(self._tps)
+
+                async def applied() -> bool:
+                    return all([await consumer.position(tp) >= at for tp, at in end.items()])
+
+                async with self._applied:
+                    while not await applied():
+                        await self._applied.wait()
+        except TimeoutError:
+            return False
+        for tp, at in end.items():
+            self._reached[tp] = max(at, self._reached.get(tp, 0))
+        return True

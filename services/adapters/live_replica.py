@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from services.adapters.bus import follow
+from services.adapters.bus import Follower
 from services.contracts.events import BudgetStatus, NamespaceLabels, NodeCapacity, UsageSnapshot
 from services.core.quota import Objects
 from services.core.quota.dynamic import GPU, cluster_signals
@@ -42,6 +42,7 @@ class LiveReplica:
         self.caught_up = asyncio.Event()
         self._changes = 0  # counts usage and node updates, so cluster() knows when to recompute
         self._signals: tuple[tuple[int, int], dict[str, Any]] | None = None
+        self._follower: Follower | None = None
 
     # -- LiveState --------------------------------------------------------------------
     def namespace(self, name: str) -> dict[str, Any] | None:
@@ -104,5 +105,13 @@ class LiveReplica:
         """Read every partition from the beginning, then follow; caught_up at the end offsets."""
         # Only what apply() folds is validated: the rest of qm.cluster (pods, submissions) is
         # passed over once its type is read.
-        await follow(self._bootstrap, list(self._topics.values()), self.apply, self.caught_up, wanted=APPLIED,
-                     **self._fetch)
+        self._follower = Follower(self._bootstrap, list(self._topics.values()), self.apply, self.caught_up,
+                                  wanted=APPLIED, **self._fetch)
+        await self._follower.run()
+
+    async def read_past(self, topic: str, partition: int, offset: int, timeout_s: float) -> bool:
+        """Wait until the replica has applied what was appended before that record of one of its
+        topics (Follower.read_past); False if it could not within `timeout_s`."""
+        if self._follower is None:
+            return False
+        return await self._follower.read_past(topic, partition, offset, timeout_s)

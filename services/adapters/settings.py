@@ -21,6 +21,15 @@ def _default_store() -> str:
     return "rocksdb://" if find_spec("rocksdict") else "memory://"
 
 
+def milliseconds_env(name: str, default: int, service: str, meaning_of_zero: str) -> int:
+    """Whole milliseconds from environment variable `name`; a clear exit when it is not."""
+    text = os.environ.get(name, str(default))
+    if not text.strip().isdigit():
+        raise SystemExit(f"{service}: {name}={text!r}: expected whole milliseconds, 0 or more "
+                         f"(0: {meaning_of_zero}; default {default})")
+    return int(text)
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     service: str

@@ -26,7 +26,7 @@ from services.adapters.bus import follow
 from services.adapters.kueue_config import KueueConfig
 from services.adapters.live_replica import LiveReplica
 from services.adapters.runtime import FETCH_MAX_WAIT_MS, FETCH_MIN_BYTES, Output, ServiceRuntime
-from services.adapters.settings import Settings
+from services.adapters.settings import Settings, milliseconds_env
 from services.admission import translate
 from services.admission.cohort_stream import cohort_stream_outputs
 from services.admission.fact_lane import FactLane, run_forever
@@ -52,7 +52,12 @@ if not first.ok:
 replica = LiveReplica(
     settings.kafka_bootstrap,
     {name: settings.topic(name) for name in ("qm.usage", "qm.budgets", "qm.cluster")},
+    behind_by_ms=milliseconds_env("QM_ADMISSION_REPLICA_BEHIND_MS", 0, "admission",
+                                  "fetch as soon as anything is there") or None,
 )
+# How long a submission in a namespace the replica does not know waits for the replica to read
+# what came before it (the watcher publishes a namespace before its workloads).
+NAMESPACE_WAIT_S = 10.0
 replica.objects = config.objects  # `cluster` capacity of flavors whose nodes are not known
 
 
@@ -86,6 +91,14 @@ def decide(submitted: WorkloadSubmitted, cause: Envelope) -> list[Output]:
 
 async def on_submitted(envelope: Envelope, event) -> None:
     await replica.caught_up.wait()  # never judge against an empty replica
+    if replica.namespace(envelope.payload.namespace) is None:
+        # Its Namespace, published before it on another partition, may not have reached the
+        # replica yet: without this wait a workload in a namespace created a moment before was
+        # refused as "not known" (ADR 0040).
+        message = event.message
+        if not await replica.read_past(message.topic, message.partition, message.offset, NAMESPACE_WAIT_S):
+            runtime.log.warning("live replica did not catch up; judging against what it has",
+                                event_id=envelope.event_id, detail=f"namespace {envelope.payload.namespace}")
     await runtime.publish(decide(envelope.payload, envelope))
 
 

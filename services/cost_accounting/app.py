@@ -43,7 +43,7 @@ from services.adapters.runtime import (
     _current_batch,
     record_position,
 )
-from services.adapters.settings import Settings
+from services.adapters.settings import Settings, milliseconds_env
 from services.contracts.codec import ContractError, Envelope, encode, from_document, parse
 from services.contracts.events import RECORD_TYPES
 from services.contracts.schemas import topic_specs
@@ -63,11 +63,8 @@ config = load_config(os.environ.get("QM_CONFIG_DIR"))
 # Labels only name a row's cost center and are not ordered with qm.workloads anyway: a quarter
 # of a second behind costs nothing, and spares a fetch per handful of pod facts.
 # QM_LABELS_BEHIND_BY_MS=0: fetch as soon as anything is there (ADR 0028).
-_behind = os.environ.get("QM_LABELS_BEHIND_BY_MS", "250")
-if not _behind.strip().isdigit():
-    raise SystemExit(f"cost-accounting: QM_LABELS_BEHIND_BY_MS={_behind!r}: expected whole milliseconds, "
-                     "0 or more (0: fetch labels as soon as anything is there)")
-LABELS_BEHIND_BY_MS = int(_behind)
+LABELS_BEHIND_BY_MS = milliseconds_env("QM_LABELS_BEHIND_BY_MS", 250, "cost-accounting",
+                                      "fetch labels as soon as anything is there")
 replica = LiveReplica(settings.kafka_bootstrap, {"qm.cluster": settings.topic("qm.cluster")},
                       behind_by_ms=LABELS_BEHIND_BY_MS or None)
 

@@ -31,9 +31,9 @@ AT = "2026-11-29T10:00:00Z"
 LABELS = {"kueue.x-k8s.io/queue-name": "team-ml", "quartermaster.dev/cost-center": "cc-ml"}
 
 
-def submitted(name: str, gpus: int, labels=LABELS, queue="team-ml"):
+def submitted(name: str, gpus: int, labels=LABELS, queue="team-ml", namespace="ml-team"):
     return make_envelope(
-        WorkloadSubmitted(uid=f"uid-{name}", namespace="ml-team", name=name, kind="Job", queue_name=queue,
+        WorkloadSubmitted(uid=f"uid-{name}", namespace=namespace, name=name, kind="Job", queue_name=queue,
                           priority=0, labels=dict(labels), created_at=AT,
                           pod_sets=[{"name": "main", "count": 1, "requests": {"nvidia.com/gpu": gpus * 1000}}]),
         producer="test", occurred_at=AT)
@@ -122,6 +122,41 @@ async def test_namespace_gpu_maximum_counts_live_usage(kafka_bootstrap, topic_pr
     assert (lost.event_type, lost.payload.reason) == ("workload.pending.v1", "Inadmissible")
     assert "LocalQueue nope doesn't exist in namespace ml-team" in lost.payload.message
     assert second["llm-8gpu-retry"].event_type == "workload.validated.v1"
+
+
+async def test_a_workload_in_a_namespace_created_a_moment_before_is_judged_with_it(kafka_bootstrap, topic_prefix,
+                                                                                    tmp_path):
+    """ADR 0040: a Namespace and its first workload are published back to back, on different
+    partitions. Admission's replica reads them with a consumer of its own, here one that waits
+    two seconds for data (QM_ADMISSION_REPLICA_BEHIND_MS), so it has not seen the namespace
+    when the submission is judged. Admission waits for it rather than refusing the workload
+    because the namespace "is not known". (fresh-team has no LocalQueue, so a workload judged
+    with its namespace is Pending, and one judged without it is Rejected.)"""
+    env = {**admission_env(topic_prefix, tmp_path), "QM_ADMISSION_REPLICA_BEHIND_MS": "2000"}
+    await publish_the_namespace(kafka_bootstrap, topic_prefix)
+    worker = start_worker("services.admission", env, tmp_path / "admission.log")
+    try:
+        worker.wait_ready()
+        async with Publisher(kafka_bootstrap, topic_prefix) as bus:  # the agent is reading once this is judged
+            await bus.publish("qm.cluster", "uid-warm-up", submitted("warm-up", 1))
+            await bus.flush()
+
+            async def judged(name: str):
+                return name in await verdicts(kafka_bootstrap, topic_prefix)
+
+            await wait_for(lambda: judged("warm-up"), 60, "the warm-up job's verdict")
+            fresh = NamespaceLabels(namespace="fresh-team", labels={"quartermaster.dev/cost-center": "cc-fresh"})
+            await bus.publish("qm.cluster", "uid-namespace-fresh-team", make_envelope(fresh, producer="test",
+                                                                                      occurred_at=AT))
+            await bus.publish("qm.cluster", "uid-first-job", submitted("first-job", 1, namespace="fresh-team"))
+            await bus.flush()
+            await wait_for(lambda: judged("first-job"), 60, "the first job's verdict")
+        verdict = (await verdicts(kafka_bootstrap, topic_prefix))["first-job"]
+    finally:
+        worker.stop()
+    assert verdict.event_type == "workload.pending.v1", verdict.payload  # not rejected for lack of its namespace
+    assert verdict.payload.reason == "Inadmissible"
+    assert "LocalQueue team-ml doesn't exist in namespace fresh-team" in verdict.payload.message
 
 
 async def test_a_workloads_pod_facts_follow_its_verdict_onto_its_cohorts_stream(kafka_bootstrap, topic_prefix, tmp_path):

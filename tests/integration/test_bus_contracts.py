@@ -68,3 +68,38 @@ async def test_a_replica_applies_only_its_types_and_outlives_unreadable_records(
         follower.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await follower
+
+
+async def test_read_past_waits_for_what_came_before_a_record_on_another_partition(kafka_bootstrap, topic_prefix):
+    """Admission reads a submission with one consumer and the namespaces with its replica's
+    (ADR 0040). read_past() returns once everything appended before the submission is applied,
+    here on a replica whose fetch waits two seconds for data, and a second question about a
+    record the first one covered is answered at once."""
+    from aiokafka import AIOKafkaProducer
+
+    from services.contracts.codec import encode
+
+    topic = topic_prefix + "qm.cluster"
+    at = "2026-11-29T10:00:00Z"
+    replica = LiveReplica(kafka_bootstrap, {"qm.cluster": topic}, behind_by_ms=2000)
+    follower = asyncio.create_task(replica.run())
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    await producer.start()
+    try:
+        await asyncio.wait_for(replica.caught_up.wait(), 30)
+        fresh = make_envelope(NamespaceLabels(namespace="fresh-team", labels={"team": "fresh"}),
+                              producer="test", occurred_at=at)
+        await producer.send_and_wait(topic, key=b"namespace-uid", value=encode(fresh), partition=0)
+        node = make_envelope(NodeCapacity(node="gpu-node-1", flavor="a100", allocatable={"nvidia.com/gpu": 8000}),
+                             producer="test", occurred_at=at)
+        later = await producer.send_and_wait(topic, key=b"another-uid", value=encode(node), partition=1)
+        assert replica.namespace("fresh-team") is None  # the lazy fetch has not brought it yet
+        assert await replica.read_past(later.topic, later.partition, later.offset, 30)
+        assert replica.namespace("fresh-team") == {
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "fresh-team", "labels": {"team": "fresh"}}}
+        assert await replica.read_past(later.topic, later.partition, later.offset, 0.001)
+    finally:
+        await producer.stop()
+        follower.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await follower
