@@ -9,6 +9,7 @@ It is the webhook's `LiveState` too: both paths evaluate against the same replic
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from services.adapters.bus import Follower
@@ -43,9 +44,19 @@ class LiveReplica:
         self._changes = 0  # counts usage and node updates, so cluster() knows when to recompute
         self._signals: tuple[tuple[int, int], dict[str, Any]] | None = None
         self._follower: Follower | None = None
+        self._awaited: dict[str, asyncio.Event] = {}  # namespaces a namespace_soon() waits for
 
     # -- LiveState --------------------------------------------------------------------
     def namespace(self, name: str) -> dict[str, Any] | None:
+        return self.namespaces.get(name)
+
+    async def namespace_soon(self, name: str, within_s: float) -> dict[str, Any] | None:
+        """The Namespace, waiting up to `within_s` for the replica to receive it (the webhook: the
+        API server admits objects only in namespaces that exist, so an unknown one is new)."""
+        if name not in self.namespaces:
+            arrived = self._awaited.setdefault(name, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(arrived.wait(), within_s)
         return self.namespaces.get(name)
 
     def usage(self, namespace: str) -> dict[str, Any] | None:
@@ -100,6 +111,8 @@ class LiveReplica:
                     "kind": "Namespace",
                     "metadata": {"name": payload.namespace, "labels": dict(payload.labels)},
                 }
+                if payload.namespace in self._awaited:
+                    self._awaited.pop(payload.namespace).set()
 
     async def run(self) -> None:
         """Read every partition from the beginning, then follow; caught_up at the end offsets."""

@@ -40,6 +40,9 @@ from services.policy.live import LiveState, StaticLiveState
 from services.policy.views import QUEUE_LABEL, cost_center_of
 
 log = logging.getLogger("services.admission.webhook")
+# How long a request in a namespace the replica has not received yet waits for it; well inside
+# the API server's webhook timeout (10 s by default).
+NEW_NAMESPACE_WAIT_S = 2.0
 
 PolicySetProvider = Callable[[], PolicySet | None]
 
@@ -123,6 +126,11 @@ def make_app(
             namespace = (subject.get("metadata") or {}).get("name", "")
         else:
             namespace_object = live.namespace(namespace) if namespace else None
+            if namespace_object is None and namespace:
+                # The API server admits objects only in namespaces that exist, so this one is new
+                # and the watcher's report of it is on its way (a Namespace and a Job applied
+                # together): judged without it, a namespaceSelector refuses (ADR 0040).
+                namespace_object = await live.namespace_soon(namespace, NEW_NAMESPACE_WAIT_S)
         cost_center = cost_center_of(subject, namespace_object)
         decision = evaluate(
             policy_set,

@@ -17,6 +17,8 @@ from services.contracts import yaml_documents
 
 class LiveState(Protocol):
     def namespace(self, name: str) -> dict[str, Any] | None: ...
+    async def namespace_soon(self, name: str, within_s: float) -> dict[str, Any] | None:
+        """The Namespace, waiting up to `within_s` for it if it is not known yet."""
     def usage(self, namespace: str) -> dict[str, Any] | None: ...
     def budget(self, cost_center: str) -> dict[str, Any] | None: ...
     def cluster(self) -> dict[str, Any] | None: ...
@@ -34,6 +36,9 @@ class StaticLiveState:
 
     def namespace(self, name: str) -> dict[str, Any] | None:
         return self.namespaces.get(name)
+
+    async def namespace_soon(self, name: str, within_s: float) -> dict[str, Any] | None:
+        return self.namespaces.get(name)  # nothing arrives in a static state
 
     def usage(self, namespace: str) -> dict[str, Any] | None:
         return self.usages.get(namespace)

@@ -123,7 +123,8 @@ def matches(
         if namespace_object is None:
             if not obj_ns:
                 return True  # non-Namespace cluster-scoped objects always match
-            raise MatchError(f"namespaceSelector needs Namespace {obj_ns!r}, which is not known")
+            raise MatchError(f"namespaceSelector needs Namespace {obj_ns!r}, which is not known: the watcher has "
+                             "not reported it (is the watcher running and allowed to list namespaces?)")
         if not m.namespace_selector.matches((namespace_object.get("metadata") or {}).get("labels") or {}):
             return False
     if m.name and not wildcard_matches(m.name, meta.get("name", "")):

@@ -1,5 +1,6 @@
 """The webhook over real HTTPS (self-signed cert) with real AdmissionReview v1 JSON."""
 
+import asyncio
 import base64
 import json
 import socket
@@ -249,3 +250,55 @@ async def test_a_policy_that_reads_the_cluster_sees_its_live_signals(tls_files):
         finally:
             await runner.cleanup()
     assert answers == [False, True]
+
+
+SELECTOR_POLICY = """
+apiVersion: quartermaster.dev/v1alpha1
+kind: AdmissionPolicy
+metadata: {name: ml-gpu-cap}
+spec:
+  enforcementAction: deny
+  matchConstraints:
+    kinds: [{apiGroups: ["batch"], kinds: ["Job"]}]
+    namespaceSelector: {matchLabels: {team: ml}}
+  validations:
+  - expression: 'workload.gpus <= 8'
+    message: ml namespaces run at most 8 GPUs per job
+"""
+
+
+async def test_a_job_in_a_namespace_reported_a_moment_later_is_judged_with_it(monkeypatch):
+    """ADR 0040: a Namespace and a Job applied together. The API server admits the Job only in a
+    namespace that exists, but the watcher's report of it reaches the replica a moment after the
+    review: the webhook waits for it, where the namespaceSelector could not match and refused.
+    A namespace that is never reported is refused after the wait, naming what to check."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from services.adapters.live_replica import LiveReplica
+    from services.admission import webhook
+    from services.contracts.events import NamespaceLabels
+
+    monkeypatch.setattr(webhook, "NEW_NAMESPACE_WAIT_S", 1.0)
+    replica = LiveReplica("127.0.0.1:1", {})  # never run: the test applies what the watcher would report
+
+    async def the_watcher_reports(namespace: str, labels: dict) -> None:
+        await asyncio.sleep(0.2)
+        replica.apply(NamespaceLabels(namespace=namespace, labels=labels))
+
+    async with TestClient(TestServer(make_app(lambda: load(SELECTOR_POLICY), replica))) as client:
+        async def allowed(namespace: str) -> dict:
+            r = await client.post("/validate", data=json.dumps(review(job(namespace, gpus_per_pod=8, parallelism=4))))
+            return (await r.json())["response"]
+
+        reporting = asyncio.create_task(the_watcher_reports("fresh-team", {"team": "fresh"}))
+        fresh = await allowed("fresh-team")
+        await reporting
+        reporting = asyncio.create_task(the_watcher_reports("fresh-ml", {"team": "ml"}))
+        fresh_ml = await allowed("fresh-ml")
+        await reporting
+        never = await allowed("never-reported")
+    assert fresh["allowed"] is True  # judged with its labels: the selector does not match
+    assert fresh_ml["allowed"] is False and "at most 8 GPUs" in fresh_ml["status"]["message"]
+    assert never["allowed"] is False
+    assert "Namespace 'never-reported', which is not known" in never["status"]["message"]
+    assert "is the watcher running" in never["status"]["message"]
