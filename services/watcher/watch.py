@@ -61,6 +61,7 @@ CORE_RESOURCES: tuple[Resource, ...] = (
     Resource("jobs", "batch"),
     Resource("pods"),
 )
+NAMESPACES = CORE_RESOURCES[0]
 OPTIONAL_RESOURCES: tuple[Resource, ...] = (
     Resource("resourceflavors", "kueue.x-k8s.io", "v1beta1", optional=True),
     Resource("workloads", "kueue.x-k8s.io", "v1beta1", optional=True),
@@ -202,6 +203,7 @@ class Watcher:
         self._lock = asyncio.Lock()  # one object handled at a time: emission order == handling order
         self._tasks: list[asyncio.Task[None]] = []
         self._dirty = asyncio.Event()
+        self._reported_namespaces: set[str] | None = None  # built from the state at first use
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -379,26 +381,58 @@ class Watcher:
             if res.plural == "resourceflavors" and res.group == "kueue.x-k8s.io":
                 await self._flavor_changed(obj, deleted)
                 return
-            uid = obj["metadata"]["uid"]
-            observations = normalize.observe(res.plural if not res.group.endswith("volcano.sh") else "vcjobs",
-                                             obj, self.flavors, deleted=deleted, observed_at=self.clock())
-            objects = self.state.objects.setdefault(res.key, {})
-            entry = objects.setdefault(uid, {"facts": {}})
-            for o in observations:
-                d = _digest(o.fact)
-                if entry["facts"].get(o.event_type) == d:
-                    self.stats.suppressed += 1
-                    continue
-                await self.sink(o.topic, o.key, o.event)
-                self.stats.emitted += 1
-                entry["facts"][o.event_type] = d
+            namespace = obj["metadata"].get("namespace")
+            if namespace and not deleted:
+                await self._report_namespace_first(namespace)
+            await self._observe(res, obj, deleted)
+
+    async def _observe(self, res: Resource, obj: dict[str, Any], deleted: bool) -> None:
+        """Emit what changed of one object (the lock is held)."""
+        uid = obj["metadata"]["uid"]
+        observations = normalize.observe(res.plural if not res.group.endswith("volcano.sh") else "vcjobs",
+                                         obj, self.flavors, deleted=deleted, observed_at=self.clock())
+        objects = self.state.objects.setdefault(res.key, {})
+        entry = objects.setdefault(uid, {"facts": {}})
+        for o in observations:
+            d = _digest(o.fact)
+            if entry["facts"].get(o.event_type) == d:
+                self.stats.suppressed += 1
+                continue
+            await self.sink(o.topic, o.key, o.event)
+            self.stats.emitted += 1
+            entry["facts"][o.event_type] = d
+        if deleted:
+            objects.pop(uid, None)
+        else:
+            slim = _slim(res.plural if not res.group.endswith("volcano.sh") else "", obj)
+            if slim is not None:
+                entry["last"] = slim
+        if res == NAMESPACES:
             if deleted:
-                objects.pop(uid, None)
+                self._namespaces().discard(obj["metadata"].get("name", ""))
             else:
-                slim = _slim(res.plural if not res.group.endswith("volcano.sh") else "", obj)
-                if slim is not None:
-                    entry["last"] = slim
-            self._dirty.set()
+                self._namespaces().add(obj["metadata"].get("name", ""))
+        self._dirty.set()
+
+    def _namespaces(self) -> set[str]:
+        """Names of the namespaces reported (the state keeps them by uid)."""
+        if self._reported_namespaces is None:
+            self._reported_namespaces = {entry["last"]["metadata"].get("name", "")
+                                         for entry in self.state.objects.get(NAMESPACES.key, {}).values()
+                                         if "last" in entry}
+        return self._reported_namespaces
+
+    async def _report_namespace_first(self, name: str) -> None:
+        """Report an object's Namespace before the object, fetching it if its own watch has not
+        brought it yet. Each resource has its own watch, so a Job created right after its
+        Namespace can arrive first; admission would then judge it without the namespace's
+        labels and a namespaceSelector policy would refuse it (ADR 0040). A list with a field
+        selector needs no more than the list permission the watcher has."""
+        if name in self._namespaces():
+            return
+        listed = await self.kube.get(NAMESPACES.path, fieldSelector=f"metadata.name={name}")
+        for namespace in listed.get("items") or []:
+            await self._observe(NAMESPACES, namespace, deleted=False)
 
     async def _flavor_changed(self, obj: dict[str, Any], deleted: bool) -> None:
         name = obj["metadata"]["name"]

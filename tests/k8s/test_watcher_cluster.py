@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -45,7 +46,7 @@ from services.watcher.actuate import (
 from services.watcher.kube import Kube, KubeError, resource_path
 from services.watcher.main import WatcherSettings, load_flavors, run
 from services.watcher.normalize import Flavor
-from services.watcher.watch import FileStateStore, MemoryStateStore, Watcher
+from services.watcher.watch import FileStateStore, MemoryStateStore, Resource, Watcher
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 
@@ -117,6 +118,34 @@ async def test_initial_list_reports_gpu_nodes_per_flavor_and_cost_center(watcher
         assert w.stats.lists >= 4
     finally:
         await w.stop()
+
+
+async def test_a_jobs_namespace_is_reported_before_the_job(admin: Kube, watcher_kube: Kube):
+    """ADR 0040: each resource has its own watch, so a Job created right after its Namespace can
+    reach the watcher first, and admission would judge it without the namespace's labels. The
+    watcher reports the Namespace before anything in it. Here it watches Jobs only, so the
+    Namespace can come from nowhere else; the watcher's account may only list namespaces."""
+    name = f"fresh-{uuid.uuid4().hex[:6]}"
+    log = EventLog()
+    w = await start_watcher(watcher_kube, log, resources=(Resource("jobs", "batch"),))
+    try:
+        await apply(admin, {"apiVersion": "v1", "kind": "Namespace",
+                            "metadata": {"name": name, "labels": {"quartermaster.dev/cost-center": "cc-fresh"}}})
+        await apply(admin, gpu_job("first", name, pods=1, gpus_per_pod=1))
+        await apply(admin, gpu_job("second", name, pods=1, gpus_per_pod=1))
+
+        def reported_in_it():
+            return [e for e in log.events() if name in (e["payload"].get("namespace"), e["payload"].get("name"))]
+
+        await wait_until(lambda: len(reported_in_it()) >= 3, 30, what="the namespace and both jobs")
+        await asyncio.sleep(0.5)  # room for a second report of the namespace, which must not come
+        reported = [(e["event_type"], e["payload"].get("labels")) for e in reported_in_it()]
+    finally:
+        await w.stop()
+        await admin.request("DELETE", resource_path("", "v1", "namespaces", None, name))
+    assert [event_type for event_type, _ in reported] == [
+        normalize.NAMESPACE_LABELS, normalize.WORKLOAD_SUBMITTED, normalize.WORKLOAD_SUBMITTED]
+    assert reported[0][1]["quartermaster.dev/cost-center"] == "cc-fresh"
 
 
 # ----------------------------------------------------------------------------- the loop
