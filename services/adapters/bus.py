@@ -287,6 +287,24 @@ class TypeSieve:
         return isinstance(document, dict) and document.get("event_type") in self._unread
 
 
+async def assign_from_the_beginning(consumer: AIOKafkaConsumer, topics: Iterable[str],
+                                    retry_s: float = 0.5) -> list[TopicPartition]:
+    """Assign every partition of `topics` (waiting until the broker knows each topic) and seek
+    to the beginning: how a reader without a consumer group starts."""
+    tps = []
+    for topic in topics:
+        partitions = consumer.partitions_for_topic(topic)
+        while partitions is None:
+            await consumer._client.force_metadata_update()
+            partitions = consumer.partitions_for_topic(topic)
+            if partitions is None:
+                await asyncio.sleep(retry_s)
+        tps += [TopicPartition(topic, p) for p in partitions]
+    consumer.assign(tps)
+    await consumer.seek_to_beginning(*tps)
+    return tps
+
+
 async def follow(
     bootstrap: str,
     topics: list[str],
@@ -339,17 +357,7 @@ class Follower:
                                     auto_offset_reset="earliest", **self._fetch)
         await consumer.start()
         try:
-            tps = []
-            for topic in self._topics:
-                partitions = consumer.partitions_for_topic(topic)
-                while partitions is None:
-                    await consumer._client.force_metadata_update()
-                    partitions = consumer.partitions_for_topic(topic)
-                    if partitions is None:
-                        await asyncio.sleep(0.5)
-                tps += [TopicPartition(topic, p) for p in partitions]
-            consumer.assign(tps)
-            await consumer.seek_to_beginning(*tps)
+            tps = await assign_from_the_beginning(consumer, self._topics)
             self._consumer, self._tps = consumer, tps
             end = await consumer.end_offsets(tps)
             behind = {tp for tp in tps if end[tp] > 0}

@@ -26,9 +26,9 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 
-from services.adapters.bus import Publisher, create_topics, wait_for_broker
+from services.adapters.bus import Publisher, assign_from_the_beginning, create_topics, wait_for_broker
 from services.contracts.codec import ContractError, Envelope, decode_all, make_envelope, utc_iso
 from services.contracts.events import (
     ClockTick,
@@ -196,18 +196,7 @@ class Trail:
                                     auto_offset_reset="earliest")
         await consumer.start()
         try:
-            tps = []
-            for logical in FOLLOWED:
-                topic = self.prefix + logical
-                partitions = consumer.partitions_for_topic(topic)
-                while partitions is None:
-                    await consumer._client.force_metadata_update()
-                    partitions = consumer.partitions_for_topic(topic)
-                    if partitions is None:
-                        await asyncio.sleep(0.3)
-                tps += [TopicPartition(topic, p) for p in partitions]
-            consumer.assign(tps)
-            await consumer.seek_to_beginning(*tps)
+            await assign_from_the_beginning(consumer, [self.prefix + logical for logical in FOLLOWED], retry_s=0.3)
             while not self._stop.is_set():
                 batch = await consumer.getmany(timeout_ms=200)
                 for tp, records in batch.items():
