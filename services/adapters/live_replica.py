@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 from typing import Any
 
 from services.adapters.bus import Follower
@@ -45,6 +46,7 @@ class LiveReplica:
         self._signals: tuple[tuple[int, int], dict[str, Any]] | None = None
         self._follower: Follower | None = None
         self._awaited: dict[str, asyncio.Event] = {}  # namespaces a namespace_soon() waits for
+        self._waiters: Counter[str] = Counter()  # how many wait for each, so the last drops it
 
     # -- LiveState --------------------------------------------------------------------
     def namespace(self, name: str) -> dict[str, Any] | None:
@@ -55,8 +57,17 @@ class LiveReplica:
         API server admits objects only in namespaces that exist, so an unknown one is new)."""
         if name not in self.namespaces:
             arrived = self._awaited.setdefault(name, asyncio.Event())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(arrived.wait(), within_s)
+            self._waiters[name] += 1
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(arrived.wait(), within_s)
+            finally:
+                # the last waiter drops a namespace that never came: with the watcher down,
+                # reviews in ever new namespaces would otherwise keep an Event each
+                self._waiters[name] -= 1
+                if not self._waiters[name]:
+                    del self._waiters[name]
+                    self._awaited.pop(name, None)
         return self.namespaces.get(name)
 
     def usage(self, namespace: str) -> dict[str, Any] | None:
