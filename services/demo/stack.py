@@ -96,22 +96,52 @@ def free_base_port(count: int = len(SERVICES)) -> int:
     raise RuntimeError("no free run of ports for the services")
 
 
+def replicas_from_env(raw: str | None = None) -> dict[str, int]:
+    """QM_REPLICAS, e.g. "admission=2": how many processes of a service to start (1 each by
+    default). Replicas of a service share its consumer groups, so they split its partitions."""
+    raw = os.environ.get("QM_REPLICAS", "") if raw is None else raw
+    replicas = {}
+    for item in raw.replace(",", " ").split():
+        service, _, count = item.partition("=")
+        if service not in SERVICES or not count.isdigit() or not 1 <= int(count) <= 8:
+            raise SystemExit(f"QM_REPLICAS: {item!r} is not SERVICE=COUNT with COUNT from 1 to 8 "
+                             f"(services: {', '.join(SERVICES)}; e.g. QM_REPLICAS=admission=2)")
+        replicas[service] = int(count)
+    return replicas
+
+
 @dataclass
 class Stack:
     run_dir: Path
     env: dict[str, str]
     base_port: int = field(default_factory=free_base_port)
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    replicas: dict[str, int] = field(default_factory=replicas_from_env)
 
-    def port(self, service: str) -> int:
-        return self.base_port + SERVICES.index(service)
+    def instances(self) -> list[tuple[str, str]]:
+        """(process name, service) of every process: the first of a service is named after it,
+        the others "admission-2" and so on."""
+        named = [(service, service) for service in SERVICES]
+        for service in SERVICES:
+            named += [(f"{service}-{n}", service) for n in range(2, self.replicas.get(service, 1) + 1)]
+        return named
+
+    def port(self, name: str) -> int:
+        """The web port of a process (a service's name is its first process)."""
+        return self.base_port + [n for n, _ in self.instances()].index(name)
 
     def start(self) -> None:
-        for service in SERVICES:
+        if len(self.instances()) > len(SERVICES) and not _all_free(self.base_port, len(self.instances())):
+            self.base_port = free_base_port(len(self.instances()))
+        for name, service in self.instances():
             module = "services." + service.replace("-", "_")
-            env = {**os.environ, **self.env, "QM_WEB_PORT": str(self.port(service)), "PYTHONPATH": str(REPO)}
-            log = open(self.run_dir / f"{service}.log", "wb")  # noqa: SIM115 - closed with the process
-            self.processes[service] = subprocess.Popen(
+            env = {**os.environ, **self.env, "QM_WEB_PORT": str(self.port(name)), "PYTHONPATH": str(REPO)}
+            if name != service:
+                if "QM_DATA_DIR" in env:
+                    env["QM_DATA_DIR"] = f"{env['QM_DATA_DIR']}/{name}"  # a store of its own
+                env.pop("QM_WEBHOOK_PORT", None)  # one port: the service's first process serves the webhook
+            log = open(self.run_dir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+            self.processes[name] = subprocess.Popen(
                 [sys.executable, "-m", module, "worker", "--loglevel", "warn"],
                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                 preexec_fn=lowered_priority(service_nice(service)),
@@ -119,7 +149,7 @@ class Stack:
 
     def wait_ready(self, timeout_s: float = 180) -> None:
         deadline = time.monotonic() + timeout_s
-        waiting = set(SERVICES)
+        waiting = {name for name, _ in self.instances()}
         while waiting and time.monotonic() < deadline:
             for service in list(waiting):
                 process = self.processes[service]
