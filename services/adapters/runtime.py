@@ -27,7 +27,7 @@ from faust.transport.consumer import ack_lock
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread as _KafkaConsumerThread
 from faust.transport.drivers.aiokafka import Consumer as _KafkaConsumer
 from faust.transport.drivers.aiokafka import ensure_aiokafka_TP
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Info, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Info, generate_latest
 
 from services.adapters import logs
 from services.adapters.bus import KeyPartitioner, TypeSieve, dlq_headers
@@ -64,6 +64,12 @@ REFETCHED_AFTER_REBALANCE = Counter(
 PASSED_OVER = Counter(
     "qm_messages_passed_over_total",
     "Messages of event types the service does not read, dropped before faust delivers them (ADR 0030)",
+    ["service", "topic"],
+)
+APPLIED_RECORD_AGE = Gauge(
+    "qm_applied_record_age_seconds",
+    "How long ago (wall clock minus the record's Kafka timestamp) the last record of a service's "
+    "latest applied batch was written, per source topic: how far behind its stream the service is",
     ["service", "topic"],
 )
 EVENT_LOOP = Info("qm_event_loop", "The asyncio event loop this worker runs on (QM_EVENT_LOOP, ADR 0019)")
@@ -744,9 +750,25 @@ class ServiceRuntime:
                 return
             await self._commit(batch, defer)
             self.app.qm_handled.update(event.message for event in handled)
+            self._note_record_age(batch)
         finally:
             self._in_flight[owner] -= 1
             _current_batch.reset(token)
+
+    def _note_record_age(self, batch: _Batch) -> None:
+        """Set qm_applied_record_age_seconds per topic from the batch's last event of each
+        partition. A queue-manager far behind its stream decides on a stale view (with two
+        admissions in kueue-large-scale, 2,350 of its 2,824 evictions named workloads that had
+        finished 6 s earlier, p50): this is what an operator would watch for that."""
+        now = time.time()
+        oldest: dict[str, float] = {}
+        for tp, (_, last) in batch.next_offsets.items():
+            written = getattr(last.message, "timestamp", None)  # seconds; Kafka's CreateTime
+            if written:
+                topic = self._base_names.get(tp.topic, tp.topic)
+                oldest[topic] = max(oldest.get(topic, 0.0), now - written)
+        for topic, age in oldest.items():
+            APPLIED_RECORD_AGE.labels(self.settings.service, topic).set(max(0.0, age))
 
     async def _commit(self, batch: _Batch, defer: bool) -> None:
         """Outputs acknowledged first; then the batch's table values are applied in memory and

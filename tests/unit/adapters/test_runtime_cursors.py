@@ -329,3 +329,29 @@ def test_a_batch_size_whose_ids_would_not_fit_the_dedupe_window_is_refused_namin
     monkeypatch.setenv("QM_BATCH_SIZE", size)
     with pytest.raises(SystemExit, match=r"QM_BATCH_SIZE=.*expected 1 to 1024"):
         ServiceRuntime(Settings(service="cursor-test", app_id_suffix=f"-{uuid.uuid4().hex[:6]}"))
+
+
+async def test_a_batch_sets_how_far_behind_its_stream_the_service_is(runtime):
+    """qm_applied_record_age_seconds: wall clock minus the Kafka timestamp of the last record a
+    batch applied (of each partition: the oldest counts), per topic."""
+    import time
+
+    from prometheus_client import REGISTRY
+
+    def age() -> float | None:
+        return REGISTRY.get_sample_value("qm_applied_record_age_seconds",
+                                         {"service": "cursor-test", "topic": "qm.workloads"})
+
+    async def handle(event):
+        pass
+
+    runtime._cursor_tables[runtime.tp.topic] = FakeTable("cursors")  # stored without a broker
+    behind = events(runtime, 0, 1)
+    behind[0].message.timestamp = time.time() - 9.0
+    behind[1].message.timestamp = time.time() - 3.0  # the last one applied: 3 s behind
+    await runtime.process(behind, handle, "qm.workloads", defer=True)
+    assert age() == pytest.approx(3.0, abs=0.5)
+    caught_up = events(runtime, 2)
+    caught_up[0].message.timestamp = time.time() - 0.1
+    await runtime.process(caught_up, handle, "qm.workloads", defer=True)
+    assert age() < 0.6
