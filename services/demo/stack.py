@@ -151,13 +151,13 @@ class Stack:
         deadline = time.monotonic() + timeout_s
         waiting = {name for name, _ in self.instances()}
         while waiting and time.monotonic() < deadline:
-            for service in list(waiting):
-                process = self.processes[service]
+            for name in list(waiting):
+                process = self.processes[name]
                 if process.poll() is not None:
-                    raise RuntimeError(f"{service} exited during start; see {self.run_dir / (service + '.log')}")
+                    raise RuntimeError(f"{name} exited during start; see {self.run_dir / (name + '.log')}")
                 try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{self.port(service)}/readyz", timeout=1):
-                        waiting.discard(service)
+                    with urllib.request.urlopen(f"http://127.0.0.1:{self.port(name)}/readyz", timeout=1):
+                        waiting.discard(name)
                 except OSError:
                     pass
             time.sleep(0.3)
