@@ -247,7 +247,7 @@ class BenchStack:
         return {
             "QM_KAFKA_BOOTSTRAP": self.bootstrap, "QM_TOPIC_PREFIX": self.prefix, "QM_APP_ID_SUFFIX": self.suffix,
             "QM_CONFIG_DIR": str(self.config_dir), "QM_POLICY_DIR": str(ROOT / "policies" / "library"),
-            "QM_STORE": "memory://", "QM_DATA_DIR": str(self.run_dir / "data"), "QM_LOG_LEVEL": "warning",
+            "QM_STORE": os.environ.get("QM_STORE", "memory://"), "QM_DATA_DIR": str(self.run_dir / "data"), "QM_LOG_LEVEL": "warning",
             **self.env,
         }  # fmt: skip
 

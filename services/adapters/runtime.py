@@ -32,6 +32,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Info, generat
 from services.adapters import logs
 from services.adapters.bus import KeyPartitioner, TypeSieve, dlq_headers
 from services.adapters.gc_tuning import freeze_startup_objects, tune_gc
+from services.adapters.recovered_tables import RecoveredTable
 from services.adapters.settings import Settings
 from services.contracts.codec import (
     BUNDLE_MAX,
@@ -508,6 +509,7 @@ class ServiceRuntime:
             producer_max_request_size=MAX_RECORD_BYTES,
             producer_linger=PRODUCER_LINGER_MS / 1000,
             producer_partitioner=KeyPartitioner(),  # murmur2 once per key, not per record
+            Table=RecoveredTable,  # recovery decodes each key's last changelog record only
             # A crashed worker's partitions move on within seconds, not faust's default minute.
             broker_session_timeout=float(os.environ.get("QM_SESSION_TIMEOUT_S", 10)),
             broker_heartbeat_interval=float(os.environ.get("QM_HEARTBEAT_INTERVAL_S", 2)),
@@ -812,7 +814,13 @@ class ServiceRuntime:
         self, table: Any, key: str, value: Any, event: Any, owner: int, holds: dict[Any, int], now: float,
         ids: int = 0,
     ) -> None:
-        table.data[key] = value
+        # The store routes a value to its partition by "the current event" (the rocksdb store
+        # refuses a write without one); a batch's values are noted after its last handler ran.
+        token = _faust_current_event.set(weakref.ref(event))
+        try:
+            table.data[key] = value
+        finally:
+            _faust_current_event.reset(token)
         slot = (id(table), key)
         # A value applied again moves to the end: values are written in the order they were
         # last applied, so a fold's own bookkeeping record, staged last, is written last.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from importlib.util import find_spec
 
 # One web port per service, so all five can run on one machine.
 DEFAULT_WEB_PORTS = {
@@ -16,9 +15,17 @@ DEFAULT_WEB_PORTS = {
 }
 
 
-def _default_store() -> str:
-    # rocksdb keeps large tables off the heap; without rocksdict, memory:// rebuilds from the changelog.
-    return "rocksdb://" if find_spec("rocksdict") else "memory://"
+# Tables live in memory and rebuild from their changelogs on start (ADR 0041): what every
+# launcher, test and benchmark runs. rocksdb:// keeps them on local disk instead, so a restart
+# on the same data directory skips the replay, at ~1.6x the queue-manager's CPU.
+DEFAULT_STORE = "memory://"
+STORES = ("memory://", "rocksdb://")
+
+
+def _store(url: str) -> str:
+    if url not in STORES:
+        raise SystemExit(f"QM_STORE={url!r}: expected one of {', '.join(STORES)} (default {DEFAULT_STORE}; ADR 0041)")
+    return url
 
 
 def milliseconds_env(name: str, default: int, service: str, meaning_of_zero: str) -> int:
@@ -58,7 +65,7 @@ class Settings:
             service=service,
             kafka_bootstrap=env.get("QM_KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
             topic_prefix=env.get("QM_TOPIC_PREFIX", ""),
-            store=env.get("QM_STORE", _default_store()),
+            store=_store(env.get("QM_STORE", DEFAULT_STORE)),
             data_dir=env.get("QM_DATA_DIR", "/tmp/quartermaster"),
             web_host=env.get("QM_WEB_HOST", "127.0.0.1"),
             web_port=int(env.get(f"QM_{key}_WEB_PORT", env.get("QM_WEB_PORT", DEFAULT_WEB_PORTS.get(service, 6060)))),

@@ -92,20 +92,25 @@ async def distinct_outputs(bootstrap: str, topic: str) -> int:
 # first unstored event (ADR 0014, as the services run); "0": every batch stores its values.
 # Two topics: one agent folds two co-partitioned topics into one table (ADR 0017; the
 # preemption service did until ADR 0021); a value then holds back the cursors of both.
+# "rocksdb://": the services' default store, restarted as on another machine (an empty data
+# directory), so it too rebuilds the table from the changelog, as raw records.
 @pytest.mark.parametrize(
-    ("store_interval_s", "topics"),
-    [("1.0", ("qm.workloads",)), ("0", ("qm.workloads",)), ("1.0", ("qm.workloads", "qm.preemption"))],
+    ("store_interval_s", "topics", "store"),
+    [("1.0", ("qm.workloads",), "memory://"), ("0", ("qm.workloads",), "memory://"),
+     ("1.0", ("qm.workloads", "qm.preemption"), "memory://"), ("1.0", ("qm.workloads",), "rocksdb://")],
 )
 async def test_sigkill_mid_stream_loses_nothing_and_applies_nothing_twice(
-    kafka_bootstrap, topic_prefix, tmp_path, store_interval_s, topics
+    kafka_bootstrap, topic_prefix, tmp_path, store_interval_s, topics, store
 ):
+    if store.startswith("rocksdb"):
+        pytest.importorskip("rocksdict")
     events = usage_events(3000)
     expected = expected_table(events)
     suffix = f"-{uuid.uuid4().hex[:8]}"
     changelog = f"qm-usage-test-worker{suffix}-namespace_gpu_usage-changelog"
     await publish_all(kafka_bootstrap, topic_prefix, events, topics=topics)
     env = {**worker_env(topic_prefix, suffix, tmp_path), "QM_STORE_INTERVAL_S": store_interval_s,
-           "QM_TEST_TOPICS": ",".join(topics)}
+           "QM_TEST_TOPICS": ",".join(topics), "QM_STORE": store}
 
     worker = start_worker("tests.integration.workers.usage_worker", env, tmp_path / "w1.log")
     try:
@@ -119,7 +124,8 @@ async def test_sigkill_mid_stream_loses_nothing_and_applies_nothing_twice(
     finally:
         worker.stop()
 
-    restarted = start_worker("tests.integration.workers.usage_worker", env, tmp_path / "w2.log")
+    moved = {**env, "QM_DATA_DIR": str(tmp_path / "elsewhere")}
+    restarted = start_worker("tests.integration.workers.usage_worker", moved, tmp_path / "w2.log")
     try:
         restarted.wait_ready()
         seen = {}
