@@ -13,7 +13,7 @@ import math
 import os
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +105,21 @@ REVOKE_WAIT_S = float(os.environ.get("QM_REVOKE_WAIT_S", 5.0))
 # crashed with MessageSizeTooLargeError in the large-scale benchmark). Changelog topics are
 # created with the same limit.
 MAX_RECORD_BYTES = int(os.environ.get("QM_MAX_RECORD_BYTES", 16 * 1024 * 1024))
+
+
+def changelog_topic_configs(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """Topic configs of a table's changelog, as faust creates it. Its segments roll every 64 MiB
+    (the broker's default is 1 GiB): the broker compacts only rolled segments, and a restart
+    with the memory store replays whatever is not compacted yet (ADR 0042)."""
+    segment = environ.get("QM_CHANGELOG_SEGMENT_BYTES", str(64 * 1024 * 1024))
+    if not segment.isdigit():
+        raise SystemExit(f"QM_CHANGELOG_SEGMENT_BYTES={segment!r}: expected bytes, e.g. 67108864 "
+                         "(0: the broker's log.segment.bytes)")
+    configs = {"max.message.bytes": str(MAX_RECORD_BYTES)}
+    if int(segment):
+        configs["segment.bytes"] = segment
+    return configs
+
 # Changelog records a table's recovery holds before applying them (see table()).
 RECOVERY_BUFFER_SIZE = max(2, int(os.environ.get("QM_RECOVERY_BUFFER", 32)))
 #: Topics that keep the latest value per key (topics.yaml cleanup_policy: compact): the only
@@ -1177,7 +1192,7 @@ class ServiceRuntime:
         # Not 1: faust then resumes the changelog partitions after recovery (ADR 0015).
         return self.app.Table(name, default=None, partitions=partitions, value_type=None, help=help,
                               recovery_buffer_size=RECOVERY_BUFFER_SIZE,
-                              extra_topic_configs={"max.message.bytes": str(MAX_RECORD_BYTES)})
+                              extra_topic_configs=changelog_topic_configs())
 
     async def apply_once(
         self,

@@ -80,6 +80,19 @@ async def wait_for(condition, timeout_s: float, what: str):
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
+async def topic_configs(bootstrap: str, topic: str) -> dict[str, str]:
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        [response] = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+    finally:
+        await admin.close()
+    return {name: value for name, value, *_ in response.resources[0][4]}
+
+
 def worker_env(prefix: str, suffix: str, data_dir) -> dict[str, str]:
     return {"QM_TOPIC_PREFIX": prefix, "QM_APP_ID_SUFFIX": suffix, "QM_STORE": "memory://", "QM_DATA_DIR": str(data_dir)}
 
@@ -123,6 +136,8 @@ async def test_sigkill_mid_stream_loses_nothing_and_applies_nothing_twice(
         assert sum((r or {}).get("applied", 0) for r in at_kill.values()) <= applied
     finally:
         worker.stop()
+    # Its segments roll every 64 MiB, so the broker compacts what a restart replays (ADR 0042).
+    assert (await topic_configs(kafka_bootstrap, changelog))["segment.bytes"] == str(64 * 1024 * 1024)
 
     moved = {**env, "QM_DATA_DIR": str(tmp_path / "elsewhere")}
     restarted = start_worker("tests.integration.workers.usage_worker", moved, tmp_path / "w2.log")

@@ -76,3 +76,12 @@ def test_rocksdb_keeps_faust_s_own_store():
     # Its recovery writes each record's own bytes (message.value) and decodes nothing.
     assert isinstance(table.data, RocksStore)
     assert table.changelog_topic.schema.value_serializer == "raw"
+
+
+def test_changelog_segments_roll_every_64_mib_unless_told():
+    from services.adapters.runtime import MAX_RECORD_BYTES, changelog_topic_configs
+
+    assert changelog_topic_configs({}) == {"max.message.bytes": str(MAX_RECORD_BYTES), "segment.bytes": "67108864"}
+    assert "segment.bytes" not in changelog_topic_configs({"QM_CHANGELOG_SEGMENT_BYTES": "0"})  # the broker's own
+    with pytest.raises(SystemExit, match=r"QM_CHANGELOG_SEGMENT_BYTES='64M': expected bytes"):
+        changelog_topic_configs({"QM_CHANGELOG_SEGMENT_BYTES": "64M"})
