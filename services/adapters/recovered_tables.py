@@ -51,12 +51,10 @@ class _DecodedOnRead(dict):
     def copy(self) -> dict:
         return {key: self[key] for key in list(self.keys())}
 
-    def decode_all(self) -> int:
-        """Decode every value still in bytes; returns how many there were."""
-        pending = [key for key, value in dict.items(self) if value.__class__ is bytes]
-        for key in pending:
+    def decode_pending(self) -> None:
+        """Decode every value still in bytes."""
+        for key in [key for key, value in dict.items(self) if value.__class__ is bytes]:
             self[key]
-        return len(pending)
 
 
 class _MemoryStore(memory.Store):
@@ -68,7 +66,7 @@ class _MemoryStore(memory.Store):
 
     async def on_recovery_completed(self, active_tps: Any, standby_tps: Any) -> None:
         await super().on_recovery_completed(active_tps, standby_tps)
-        self.data.decode_all()  # the agents read these next; one decode per key, now
+        self.data.decode_pending()  # the agents read these next; one decode per key, now
 
 
 class RecoveredTable(faust.Table):
