@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 KAFKA := deploy/kafka/kafka.sh
 
 .PHONY: help install up down topics demo test test-unit test-k8s testcluster lint bench bench-core bench-webhook bench-queue \
-	bench-kueue bench-replay bench-recovery bench-summary clean
+	bench-kueue bench-replay bench-recovery bench-summary bench-warmup clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -51,8 +51,11 @@ lint: install ## ruff
 # BENCH_SCALE=0.1 make bench: a quick run of the same shapes (a tenth of the workloads).
 BENCH_SCALE ?= 1
 bench: up ## issue 10: Kueue's scenarios, the Alibaba replay, webhook, recovery; JSON in bench/results/, one table
-	$(MAKE) --no-print-directory bench-core bench-queue bench-kueue bench-replay bench-webhook bench-recovery
+	$(MAKE) --no-print-directory bench-core bench-warmup bench-queue bench-kueue bench-replay bench-webhook bench-recovery
 	@$(PY) bench/summary.py
+
+bench-warmup: up ## untimed pipeline runs until the broker's JVM has compiled its hot paths (ADR 0043)
+	$(PY) bench/warm_broker.py
 
 bench-kueue: up ## Kueue's baseline and large-scale scenarios on the full stack (--help: bench/bench_kueue.py)
 	$(PY) bench/bench_kueue.py --scale $(BENCH_SCALE)

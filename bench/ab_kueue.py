@@ -10,6 +10,10 @@ Examples:
   ab_kueue.py --scenario baseline --scale 0.2 --reps 2 --side before:/tmp/before --side after:.
   ab_kueue.py --scenario large-scale --side default:. --side min16k:.:QM_FETCH_MIN_BYTES=16384
 
+Before the first run the local broker is warmed up (bench/warm_broker.py, ADR 0043): a broker
+just started compiles its hot paths through its first minutes of traffic, which would slow
+whichever side ran first. `--no-warmup` skips it; the table shows each run's broker JIT CPU.
+
 Each run's JSON is kept as bench/results/ab/<scenario>-<side>-<rep>.json; the table of every
 run (wall, CPU per process, evictions, minimum usage, mean time to admission) is printed at
 the end, and a line per run as it ends.
@@ -87,6 +91,7 @@ def figures(report: dict) -> dict:
         "cpu_s": cpu, "evictions": report.get("evictions"), "usage_min_pct": report.get("usage_min_pct"),
         "time_to_admission_s": tta, "release_ms": _release_ms(report.get("finish_hops") or {}),
         "calibration_s": (report.get("machine") or {}).get("calibration_s"),  # the machine's speed then
+        "broker_jit_cpu_s": report.get("broker_jit_cpu_s"),  # a cold broker's compiling (ADR 0043)
     }
 
 
@@ -101,13 +106,14 @@ def _release_ms(hops: dict) -> str:
 def table(rows: list[tuple[str, int, dict]]) -> None:
     processes = sorted({k for _, _, f in rows for k in f["cpu_s"]})
     classes = sorted({k for _, _, f in rows for k in f["time_to_admission_s"]})
-    print("| side | rep | calibration s | wall s | services' CPU s | " + " | ".join(f"CPU {p}" for p in processes)
+    print("| side | rep | calibration s | broker JIT s | wall s | services' CPU s | " + " | ".join(f"CPU {p}" for p in processes)
           + " | evictions | min usage % | " + " | ".join(f"{c} → admitted s" for c in classes)
           + " | finish → release p50 ms (all / slowest phase) |")
-    print("|" + "---|" * (8 + len(processes) + len(classes)))
+    print("|" + "---|" * (9 + len(processes) + len(classes)))
     for label, rep, f in rows:
         wall = f"{f['wall_s']}" + ("" if f["complete"] else " (incomplete)")
-        print(f"| {label} | {rep} | {f.get('calibration_s') or '—'} | {wall} | {f['services_cpu_s']} | "
+        jit = f.get("broker_jit_cpu_s")
+        print(f"| {label} | {rep} | {f.get('calibration_s') or '—'} | {'—' if jit is None else jit} | {wall} | {f['services_cpu_s']} | "
               + " | ".join(str(f["cpu_s"].get(p, "—")) for p in processes)
               + f" | {f['evictions']} | {f['usage_min_pct']} | "
               + " | ".join(_round(f["time_to_admission_s"].get(c)) for c in classes) + f" | {f['release_ms']} |")
@@ -125,6 +131,7 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=1, help="runs of each side (default 1)")
     p.add_argument("--side", type=side_arg, action="append", required=True,
                    help="LABEL:TREE[:VAR=VALUE,...]; give two or more, in the order they run each rep")
+    p.add_argument("--no-warmup", action="store_true", help="do not warm the broker up before the first run")
     args = p.parse_args()
     if len(args.side) < 2:
         p.error("give at least two --side")
@@ -132,6 +139,10 @@ def main() -> int:
         p.error("the sides' labels must differ")
     out_dir = RESULTS / "ab"
     out_dir.mkdir(parents=True, exist_ok=True)
+    if not args.no_warmup:
+        print("[ab] warming the broker up (bench/warm_broker.py)", file=sys.stderr, flush=True)
+        subprocess.run([sys.executable, str(REPO / "bench" / "warm_broker.py")], cwd=REPO, check=True,
+                       stdout=sys.stderr)  # fmt: skip
     rows = []
     for rep in range(1, args.reps + 1):
         for side in args.side:

@@ -80,6 +80,7 @@ from common import (  # noqa: E402
     add_run_options,
     committed_total,
     group_lag,
+    jit_note,
     load,
     machine,
     pct,
@@ -386,7 +387,10 @@ async def main_async(args: argparse.Namespace) -> int:
             for i in range(0, len(result["packing_timeline"]), 5)))
         print(f"\nevictions {result['evictions']} (runs thrown away: {lost or 'none'}), "
               f"submit lag p99 {result['submit_lag_s']['p99']} s, "
-              f"peak memory MiB {result['peak_memory_mib']}\n{hops_line(result['finish_hops'])}\nwritten {path}")  # fmt: skip
+              f"peak memory MiB {result['peak_memory_mib']}, broker JIT {result['broker_jit_cpu_s']} CPU-s\n"
+              f"{hops_line(result['finish_hops'])}\nwritten {path}")  # fmt: skip
+        if jit_note(result):
+            print(jit_note(result))
         for label, prof in (result.get("profile") or {}).items():
             print(f"\nprofile {label}: {prof.get('samples')} samples; own time top: "
                   + ", ".join(f"{f} {p}%" for f, p in prof.get("own_pct", [])[:8]))

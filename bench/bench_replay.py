@@ -70,6 +70,7 @@ from common import (  # noqa: E402
     Progress,
     PySpy,
     add_run_options,
+    jit_note,
     load,
     machine,
     one_per_envelope,
@@ -441,7 +442,9 @@ async def main_async(args: argparse.Namespace) -> int:
     print(f"\n### alibaba-replay (scale {args.scale:g}, speed {args.speed:g}, bench wall {result['bench_wall_s']} s, "
           f"load {result['load_before']} → {result['load_after']})\n")  # fmt: skip
     print_rows(result["summary_rows"])
-    print(f"\npeak memory MiB {result['peak_memory_mib']}\nwritten {path}")
+    print(f"\npeak memory MiB {result['peak_memory_mib']}, broker JIT {result['broker_jit_cpu_s']} CPU-s\nwritten {path}")
+    if jit_note(result):
+        print(jit_note(result))
     for label, prof in (result.get("profile") or {}).items():
         print(f"\nprofile {label}: {prof.get('samples')} samples; own time top: "
               + ", ".join(f"{f} {p}%" for f, p in prof.get("own_pct", [])[:8]))

@@ -199,6 +199,28 @@ def broker_pid() -> int | None:
     return pid if alive else None
 
 
+def compiler_cpu_s(pid: int | None, proc: Path = Path("/proc")) -> float | None:
+    """CPU seconds the JVM's JIT compiler threads ("C1/C2 CompilerThread") of `pid` have used
+    (None: no such process). A thread's name is cut at 15 characters in /proc."""
+    if pid is None:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        tasks = list((proc / str(pid) / "task").iterdir())
+    except OSError:
+        return None
+    total = 0.0
+    for task in tasks:
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue  # the thread ended
+        if "CompilerThre" in stat[stat.index("(") + 1 : stat.rindex(")")]:
+            fields = stat[stat.rindex(")") + 2 :].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+    return total
+
+
 def own_cpu_s() -> float:
     """CPU seconds this process (the load generator / simulator) has used."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -231,6 +253,8 @@ class BenchStack:
     cpu_s: dict[str, float | None] = field(default_factory=dict)
     ready_s: float | None = None
     broker_cpu_at_start: float | None = None  # the local broker's CPU seconds when the services started
+    broker_jit_at_start: float | None = None  # ... and its JIT compiler threads' (ADR 0043)
+    broker_jit_cpu_s: float | None = None  # what the broker spent compiling during the run
     # every second from the services' start: each process's CPU in that second, % of one core
     cpu_timeline: list[dict[str, float]] = field(default_factory=list)
     _sampler: asyncio.Task[None] | None = field(default=None, init=False, repr=False)  # fills cpu_timeline
@@ -259,6 +283,7 @@ class BenchStack:
         self.stack = Stack(self.run_dir, self.service_env(), base_port=free_base_port())
         pid = broker_pid()
         self.broker_cpu_at_start = cpu_seconds(pid) if pid else None
+        self.broker_jit_at_start = compiler_cpu_s(pid)
         started = time.monotonic()
         self.stack.start()
         self._sampler = asyncio.create_task(self._sample_cpu(started))
@@ -299,6 +324,9 @@ class BenchStack:
         now = cpu_seconds(pid) if pid else None
         if now is not None and self.broker_cpu_at_start is not None:
             self.cpu_s[BROKER_LABEL] = round(now - self.broker_cpu_at_start, 1)
+        jit = compiler_cpu_s(pid)
+        if jit is not None and self.broker_jit_at_start is not None:
+            self.broker_jit_cpu_s = round(jit - self.broker_jit_at_start, 1)
         return self.peak_mib
 
     def exited(self) -> dict[str, dict[str, Any]]:
@@ -628,9 +656,23 @@ def process_figures(stack: BenchStack, own_label: str) -> dict[str, Any]:
         "services_ready_s": stack.ready_s,
         "cpu_seconds": {**stack.cpu_s, own_label: own_cpu_s()},
         "peak_memory_mib": {**stack.peak_mib, own_label: own_peak_mib()},
+        # the broker's JIT compiling during the run: a few CPU-s when warm, ~14+ just started (ADR 0043)
+        "broker_jit_cpu_s": stack.broker_jit_cpu_s,
         # per second, each process's % of one core ("bench": this process, the load generator)
         "cpu_timeline": stack.cpu_timeline,
     }
+
+
+JIT_WARNING_CPU_S = 5.0  # a warm broker compiles 1–4 CPU-s in a run; one just started 14+
+
+
+def jit_note(result: dict[str, Any]) -> str:
+    """A line saying the broker was still compiling during this run, if it was (ADR 0043)."""
+    jit = result.get("broker_jit_cpu_s")
+    if jit is None or jit < JIT_WARNING_CPU_S:
+        return ""
+    return (f"NOTE: the broker spent {jit} CPU-s compiling its hot paths (a JVM just started), CPU the services "
+            "did not get; warm it first (`make bench-warmup`, or any run) to measure Quartermaster, not the JIT")
 
 
 def add_run_options(parser: argparse.ArgumentParser, *, profile: bool = True) -> None:

@@ -9,7 +9,8 @@
 #
 # Settings (environment): QM_KAFKA_PORT (9092), QM_KAFKA_CONTROLLER_PORT (9093),
 # QM_KAFKA_HOME (~/.cache/quartermaster/kafka-run), QM_CACHE (~/.cache/quartermaster),
-# QM_KAFKA_START_TIMEOUT (300 s to wait for the broker to answer).
+# QM_KAFKA_START_TIMEOUT (300 s to wait for the broker to answer), QM_KAFKA_JVM_OPTS (more JVM
+# flags for the broker, e.g. -XX:TieredStopAtLevel=1 to trade its JIT warm-up for slower code: ADR 0043).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -110,7 +111,7 @@ start() {
     java_cmd kafka.tools.StorageTool format --standalone -t "$(java_cmd kafka.tools.StorageTool random-uuid)" \
       -c "$config" >"$run_dir/format.log" 2>&1 || die "formatting storage failed; see $run_dir/format.log"
   fi
-  nohup bash -c "exec java -Xms256m -Xmx768m -XX:+UseG1GC -Djava.awt.headless=true \
+  nohup bash -c "exec java -Xms256m -Xmx768m -XX:+UseG1GC -Djava.awt.headless=true ${QM_KAFKA_JVM_OPTS:-} \
     -Dlog4j2.configurationFile='$run_dir/log4j2.properties' -cp '$libs/*' kafka.Kafka '$config'" \
     >"$run_dir/stdout.log" 2>&1 &
   echo $! >"$pid_file"
