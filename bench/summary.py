@@ -4,7 +4,8 @@ Rows come from each benchmark's own ``summary_rows`` (kueue-baseline, kueue-larg
 alibaba-replay, recovery); the webhook's are built here from bench-webhook.json. A missing
 file is a row saying so, never a number. Other result files with summary rows (a run kept
 with ``--out``, e.g. alibaba-replay-scale0.2.json) follow the five. The machine, commit and load of each run are listed
-under the table: figures from a loaded or dirty run are read with that in mind.
+under the table: figures from a loaded or dirty run, or one on a broker still compiling (broker
+JIT, ADR 0043), are read with that in mind.
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ def main() -> int:
         runs.append(f"- {name}: {m.get('cpus')} cores, {m.get('memory_gib')} GiB, Python {m.get('python')}, "
                     f"faust {m.get('faust')}, aiokafka {m.get('aiokafka')}, Kafka {m.get('kafka')}, commit {commit}, "
                     f"load {report.get('load_before')} → {report.get('load_after')}, "
-                    f"calibration {m.get('calibration_s', '?')} s")  # fmt: skip
+                    f"calibration {m.get('calibration_s', '?')} s"
+                    + ("" if report.get("broker_jit_cpu_s") is None
+                       else f", broker JIT {report['broker_jit_cpu_s']} CPU-s"))  # fmt: skip
     print("## Quartermaster benchmarks (make bench)\n")
     print_rows(rows)
     print("\nRuns:\n" + "\n".join(runs))
