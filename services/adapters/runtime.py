@@ -8,12 +8,13 @@ state in `table()`s and stores it with `apply_once()`; it never talks to aiokafk
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,16 +217,24 @@ def _stagger(tp: Any) -> float:
     return 0.75 + 0.125 * (tp.partition % 4)
 
 
-def _store(table: Any, key: str, value: Any, event: Any) -> Any:
-    """Write one table value and send its changelog record to the event's partition."""
-    # faust keys a table's changelog partition and its store on "the current event".
+@contextlib.contextmanager
+def _as_current_event(event: Any) -> Iterator[None]:
+    """faust routes a table write (its store and its changelog partition) by "the current
+    event", and the rocksdb store refuses a write without one. (The per-event loop in
+    `process` sets it inline: a generator per event there is measurable.)"""
     token = _faust_current_event.set(weakref.ref(event))
     try:
+        yield
+    finally:
+        _faust_current_event.reset(token)
+
+
+def _store(table: Any, key: str, value: Any, event: Any) -> Any:
+    """Write one table value and send its changelog record to the event's partition."""
+    with _as_current_event(event):
         ack = table.send_changelog(event.message.partition, key, value)
         table.data[key] = value
         return ack
-    finally:
-        _faust_current_event.reset(token)
 
 
 _current_batch: ContextVar[_Batch | None] = ContextVar("qm_batch", default=None)
@@ -746,7 +755,8 @@ class ServiceRuntime:
                     continue
                 self._rewinding.pop(tp, None)
                 # faust keys a table's changelog partition on "the current event": in a batch
-                # (take_events) that must be this one, not what faust left set
+                # (take_events) that must be this one, not what faust left set (_as_current_event,
+                # inline: this runs per event)
                 current = _faust_current_event.set(weakref.ref(event))
                 try:
                     await handle(event)
@@ -829,13 +839,8 @@ class ServiceRuntime:
         self, table: Any, key: str, value: Any, event: Any, owner: int, holds: dict[Any, int], now: float,
         ids: int = 0,
     ) -> None:
-        # The store routes a value to its partition by "the current event" (the rocksdb store
-        # refuses a write without one); a batch's values are noted after its last handler ran.
-        token = _faust_current_event.set(weakref.ref(event))
-        try:
+        with _as_current_event(event):  # a batch's values are noted after its last handler ran
             table.data[key] = value
-        finally:
-            _faust_current_event.reset(token)
         slot = (id(table), key)
         # A value applied again moves to the end: values are written in the order they were
         # last applied, so a fold's own bookkeeping record, staged last, is written last.
