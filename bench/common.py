@@ -174,13 +174,18 @@ def vm_hwm_mib(pid: int) -> float | None:
     return None
 
 
+def _stat_cpu_s(stat: str) -> float:
+    """User + system seconds from a /proc .../stat line (after the name, which may hold ")")."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds(pid: int, *, digits: int | None = 1) -> float | None:
     """User + system CPU time a live process has used so far (seconds; unrounded: digits=None)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        seconds = _stat_cpu_s(Path(f"/proc/{pid}/stat").read_text())
     except OSError:
         return None
-    seconds = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return seconds if digits is None else round(seconds, digits)
 
 
@@ -204,7 +209,6 @@ def compiler_cpu_s(pid: int | None, proc: Path = Path("/proc")) -> float | None:
     (None: no such process). A thread's name is cut at 15 characters in /proc."""
     if pid is None:
         return None
-    tick = os.sysconf("SC_CLK_TCK")
     try:
         tasks = list((proc / str(pid) / "task").iterdir())
     except OSError:
@@ -216,8 +220,7 @@ def compiler_cpu_s(pid: int | None, proc: Path = Path("/proc")) -> float | None:
         except OSError:
             continue  # the thread ended
         if "CompilerThre" in stat[stat.index("(") + 1 : stat.rindex(")")]:
-            fields = stat[stat.rindex(")") + 2 :].split()
-            total += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+            total += _stat_cpu_s(stat)
     return total
 
 
