@@ -389,8 +389,8 @@ async def main_async(args: argparse.Namespace) -> int:
               f"submit lag p99 {result['submit_lag_s']['p99']} s, "
               f"peak memory MiB {result['peak_memory_mib']}, broker JIT {result['broker_jit_cpu_s']} CPU-s\n"
               f"{hops_line(result['finish_hops'])}\nwritten {path}")  # fmt: skip
-        if jit_note(result):
-            print(jit_note(result))
+        if note := jit_note(result):
+            print(note)
         for label, prof in (result.get("profile") or {}).items():
             print(f"\nprofile {label}: {prof.get('samples')} samples; own time top: "
                   + ", ".join(f"{f} {p}%" for f, p in prof.get("own_pct", [])[:8]))

@@ -443,8 +443,8 @@ async def main_async(args: argparse.Namespace) -> int:
           f"load {result['load_before']} → {result['load_after']})\n")  # fmt: skip
     print_rows(result["summary_rows"])
     print(f"\npeak memory MiB {result['peak_memory_mib']}, broker JIT {result['broker_jit_cpu_s']} CPU-s\nwritten {path}")
-    if jit_note(result):
-        print(jit_note(result))
+    if note := jit_note(result):
+        print(note)
     for label, prof in (result.get("profile") or {}).items():
         print(f"\nprofile {label}: {prof.get('samples')} samples; own time top: "
               + ", ".join(f"{f} {p}%" for f, p in prof.get("own_pct", [])[:8]))
