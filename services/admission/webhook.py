@@ -35,6 +35,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from services.adapters.gc_tuning import freeze_startup_objects, tune_gc
 from services.policy import EnforcementAction, EnforcementPoint, PolicySet, evaluate
 from services.policy.live import LiveState, StaticLiveState
 from services.policy.views import QUEUE_LABEL, cost_center_of
@@ -276,6 +277,11 @@ def main(argv: list[str] | None = None) -> None:
     policy_set = PolicySet.load(args.policies)
     state = _load_state(args.state)
     app = make_app(lambda: policy_set, state)
+    # The services' collector settings (ADR 0013): with CPython's defaults a full collection
+    # over everything loaded at start paused this process 25-41 ms once every few thousand
+    # reviews, the whole p99 of a 5 s run at 500/s.
+    tune_gc()
+    freeze_startup_objects()
 
     async def run() -> None:
         runner = await serve(app, args.host, args.port, args.cert, args.key)
