@@ -24,7 +24,6 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -36,27 +35,23 @@ ROUNDS = 4
 QUIET_CPU_S = 4.0  # a run that compiled less than this: warm (the next compiles 1–2)
 
 
-async def warm_broker(say=print) -> dict[str, Any]:
-    """Untimed pipeline runs until the broker's JIT is quiet; what that took."""
+async def warm_broker(say=print) -> None:
+    """Untimed pipeline runs until the broker's JIT is quiet, saying what each compiled."""
     args = argparse.Namespace(scale=SCALE, timeout=None, stall=60.0, keep_topics=False, profile=False)
     started = time.monotonic()
-    compiled: list[float] = []
     for round_ in range(1, ROUNDS + 1):
         result = await run(SCENARIOS["kueue-large-scale"], args)
         jit = result["broker_jit_cpu_s"]
         if jit is None:
             say("warm-up: not the local broker of deploy/kafka/kafka.sh, so its JIT cannot be watched; one run done")
-            return {"rounds": round_, "took_s": round(time.monotonic() - started, 1), "quiet": None}
-        compiled.append(jit)
+            return
         say(f"warm-up run {round_}: {result['workloads']} workloads in {result['wall_s']} s; "
             f"the broker compiled for {jit} CPU-s")  # fmt: skip
         if jit < QUIET_CPU_S:
             break
-    quiet = compiled[-1] < QUIET_CPU_S
     took = round(time.monotonic() - started, 1)
-    say(f"broker warm after {took} s" if quiet else
-        f"the broker still compiled {compiled[-1]} CPU-s in the last of {ROUNDS} warm-up runs; measuring anyway")  # fmt: skip
-    return {"rounds": len(compiled), "took_s": took, "compile_cpu_s": compiled, "quiet": quiet}
+    say(f"broker warm after {took} s" if jit < QUIET_CPU_S else
+        f"the broker still compiled {jit} CPU-s in the last of {ROUNDS} warm-up runs; measuring anyway")  # fmt: skip
 
 
 async def main_async(args: argparse.Namespace) -> int:
