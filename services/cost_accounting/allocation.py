@@ -22,10 +22,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.core.cost import PriceList
 from services.core.cost.units import iso_utc, parse_iso_utc_ms
+
+if TYPE_CHECKING:
+    from services.cost_accounting.row_facts import RowFacts
 
 __all__ = ["AllocationError", "aggregate", "compact_row", "parse_window"]
 
@@ -37,18 +40,18 @@ class AllocationError(ValueError):
     pass
 
 
-def compact_row(payload: Any) -> list[Any]:
+def compact_row(facts: RowFacts) -> list[Any]:
     """[start_ms, namespace, cost center, usage kind, flavor, gpu h, core h, billed cost, tags]."""
     return [
-        parse_iso_utc_ms(payload.ChargePeriodStart),
-        payload.SubAccountId,
-        payload.x_CostCenter,
-        payload.x_UsageKind,
-        payload.SkuId,
-        payload.x_GpuHours or (payload.PricingQuantity if payload.PricingUnit == "GPU-Hours" else "0"),
-        payload.x_CoreHours or "0",
-        payload.BilledCost,
-        dict(payload.Tags or {}),
+        parse_iso_utc_ms(facts.ChargePeriodStart),
+        facts.SubAccountId,
+        facts.x_CostCenter,
+        facts.x_UsageKind,
+        facts.SkuId,
+        facts.x_GpuHours,
+        facts.x_CoreHours,
+        facts.BilledCost,
+        dict(facts.Tags),
     ]
 
 

@@ -13,10 +13,11 @@ Agents:
 1. ``qm.workloads`` (batched: the ``ledger`` table's only writer): each cohort key is folded by
    :class:`CohortLedger` (records per workload uid + one per cohort key, co-partitioned with the
    source). Outputs: ``qm.billing`` (key workload uid, event id = row id), acknowledged before
-   the batch's records are written (workload records before the cohort record). The same rows,
-   encoded once, go re-keyed by cost center onto ``<prefix><app id>-by-cost-center``: a
-   batch's rows of one cost center as one record, a JSON array (ADR 0033); a single row (an
-   object) is read too. They are acknowledged before the batch's records are written as well.
+   the batch's records are written (workload records before the cohort record). The rows'
+   facts (``allocation.RowFacts``: what the view and the budgets read, 14 of ~45 fields) go
+   re-keyed by cost center onto ``<prefix><app id>-by-cost-center``: a batch's facts of one
+   cost center as one record (ADR 0033, 0044); whole rows, as the service wrote them before,
+   are read too. They are acknowledged before the batch's records are written as well.
 2. ``<app id>-by-cost-center`` (batched) is folded into the ``allocation`` table
    (``GET /allocation``, one record per row id) and, when budgets are configured, per cost
    center into ``qm.budgets`` / ``qm.alerts`` (dedupe by row id: ``apply_once``). The service
@@ -44,7 +45,7 @@ from services.adapters.runtime import (
     record_position,
 )
 from services.adapters.settings import Settings, milliseconds_env
-from services.contracts.codec import ContractError, Envelope, encode, from_document, parse
+from services.contracts.codec import ContractError, Envelope, encode
 from services.contracts.events import RECORD_TYPES
 from services.contracts.schemas import topic_specs
 from services.cost_accounting.allocation import AllocationError, aggregate, compact_row, rows_of
@@ -52,6 +53,15 @@ from services.cost_accounting.budgets import budget_step
 from services.cost_accounting.cohort import FOLDED_TYPES, CohortLedger, stored, stored_records
 from services.cost_accounting.config import load_config
 from services.cost_accounting.ledger import outputs_for
+from services.cost_accounting.row_facts import (
+    BUNDLE_ROWS_MAX,
+    LEDGER_ROW,
+    RowFacts,
+    bundles,
+    facts_of,
+    row_facts,
+    rows_in,
+)
 from services.cost_accounting.translate import at_ms
 
 SERVICE = "cost-accounting"
@@ -176,53 +186,45 @@ runtime.consume("qm.workloads", on_workload_event, agent_name="fold_ledger", bat
 # -- 2. allocation view and budgets ----------------------------------------------------------
 
 
-#: Most rows one by-cost-center record carries (a row is ~1.5 KB) ...
-BUNDLE_ROWS_MAX = 100
-#: ... and most records one budgets batch takes: its row ids per cost center stay within
+#: Most records one budgets batch takes: its row ids per cost center stay within
 #: BATCH_IDS_MAX, so a replay onto a stored budget is recognised (ADR 0033).
 BUDGET_BATCH_RECORDS = max(1, BATCH_IDS_MAX // BUNDLE_ROWS_MAX)
-LEDGER_ROW = "billing.ledger_row.v1"
 
 
 def _encoded(output: Output) -> Output:
-    """A ledger row encoded once: the same bytes go to qm.billing and into a bundle."""
+    """A ledger row encoded once, for qm.billing."""
     if output.envelope.event_type != LEDGER_ROW or output.value is not None:
         return output
     return dataclasses.replace(output, value=encode(output.envelope))
 
 
-def bundles(rows: list[bytes]) -> list[bytes]:
-    """One cost center's rows of a batch as by-cost-center records: JSON arrays of at most
-    BUNDLE_ROWS_MAX rows, in order."""
-    return [b"[" + b",".join(rows[i:i + BUNDLE_ROWS_MAX]) + b"]" for i in range(0, len(rows), BUNDLE_ROWS_MAX)]
-
-
-_rows_by_cost_center: weakref.WeakKeyDictionary[Any, dict[str, list[bytes]]] = weakref.WeakKeyDictionary()
+_facts_by_cost_center: weakref.WeakKeyDictionary[Any, dict[str, list[RowFacts]]] = weakref.WeakKeyDictionary()
 
 
 async def _pass_rows_on(batch, outputs: list[Output]) -> None:
-    """The fold's ledger rows, re-keyed by cost center, for the allocation view and the
-    budgets (ADR 0036). In a batch they are gathered per cost center and sent as bundles when
-    it commits, acknowledged before its ledger records are stored; outside one, one by one."""
+    """The facts of the fold's ledger rows, re-keyed by cost center, for the allocation view
+    and the budgets (ADR 0036, 0044). In a batch they are gathered per cost center and sent as
+    bundles when it commits, acknowledged before its ledger records are stored; outside one,
+    one by one."""
     for output in outputs:
         if output.envelope.event_type != LEDGER_ROW:
             continue
-        cost_center = output.envelope.payload.x_CostCenter
+        facts = facts_of(output.envelope)
         if batch is None:
-            await (await by_cost_center.send(key=cost_center.encode(), value=output.value))
+            await (await by_cost_center.send(key=facts.x_CostCenter.encode(), value=bundles([facts])[0]))
             continue
-        gathered = _rows_by_cost_center.get(batch)
+        gathered = _facts_by_cost_center.get(batch)
         if gathered is None:
-            gathered = _rows_by_cost_center[batch] = {}
+            gathered = _facts_by_cost_center[batch] = {}
             batch.flushes.append(_sender_of(gathered))
-        gathered.setdefault(cost_center, []).append(output.value)
+        gathered.setdefault(facts.x_CostCenter, []).append(facts)
 
 
-def _sender_of(gathered: dict[str, list[bytes]]):
-    """The batch's flush: its gathered rows as bundles; their acks are awaited at the commit."""
+def _sender_of(gathered: dict[str, list[RowFacts]]):
+    """The batch's flush: its gathered facts as bundles; their acks are awaited at the commit."""
     async def send_bundles() -> list[Any]:
         return [await by_cost_center.send(key=center.encode(), value=bundle)
-                for center, rows in gathered.items() for bundle in bundles(rows)]
+                for center, facts in gathered.items() for bundle in bundles(facts)]
     return send_bundles
 
 
@@ -232,21 +234,20 @@ def _budget_fold(state, envelope: Envelope):
     return new_state, [Output(m.topic, m.key, m.envelope) for m in messages]
 
 
-def rows_in(value: bytes) -> list[Any]:
-    """The row documents of a by-cost-center record: a bundle (a JSON array) or one row."""
-    document = parse(value)
-    return document if isinstance(document, list) else [document]
+def _cause(facts: RowFacts) -> Envelope:
+    """The row as the envelope the budget outputs name as their cause (its id, correlation, time)."""
+    return Envelope(event_id=facts.row_id, event_type=LEDGER_ROW, occurred_at=facts.occurred_at,
+                    producer=SERVICE, payload=facts, correlation_id=facts.correlation_id)
 
 
-def _index_row(batch, envelope: Envelope, event) -> None:
+def _index_row(batch, facts: RowFacts, event) -> None:
     """The allocation view: one record per row id (a redelivered row rewrites the same value),
     in the shape rows_of reads; small records instead of one growing value per workload."""
-    row_id = envelope.payload.row_id
-    value = {"state": {"rows": {row_id: compact_row(envelope.payload)}}}
+    value = {"state": {"rows": {facts.row_id: compact_row(facts)}}}
     if batch is not None:
-        batch.writes[(id(allocation_table), row_id)] = (allocation_table, row_id, value, event)
+        batch.writes[(id(allocation_table), facts.row_id)] = (allocation_table, facts.row_id, value, event)
     else:
-        allocation_table[row_id] = value
+        allocation_table[facts.row_id] = value
 
 
 async def _fold_budget(event) -> None:
@@ -258,12 +259,10 @@ async def _fold_budget(event) -> None:
     batch = _current_batch.get()
     for index, row in enumerate(rows):
         try:
-            envelope = from_document(row)
-            if envelope.event_type != LEDGER_ROW:
-                raise ContractError(f"event_type {envelope.event_type!r}: expected {LEDGER_ROW}")
+            facts = row_facts(row)
             if config.budgets:
-                await runtime.apply_once(budget_table, envelope.payload.x_CostCenter, envelope, _budget_fold)
-            _index_row(batch, envelope, event)
+                await runtime.apply_once(budget_table, facts.x_CostCenter, _cause(facts), _budget_fold)
+            _index_row(batch, facts, event)
         except TemporaryError:
             raise
         except Exception as error:  # noqa: BLE001

@@ -14,9 +14,9 @@ from collections.abc import Iterable
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
-from services.contracts.events import LedgerRow as LedgerRowRecord
 from services.core.cost import Budget, BudgetAlert, BudgetStatus, BudgetUnit
 from services.core.cost.units import EXACT, nano_to_decimal
+from services.cost_accounting.row_facts import RowFacts
 
 __all__ = ["budget_step"]
 
@@ -28,9 +28,9 @@ def _month(iso: str) -> str:
 
 
 def budget_step(
-    state: dict[str, Any] | None, row: LedgerRowRecord, budgets: Iterable[Budget], at_ms: int
+    state: dict[str, Any] | None, row: RowFacts, budgets: Iterable[Budget], at_ms: int
 ) -> tuple[dict[str, Any], list[BudgetAlert | BudgetStatus]]:
-    """One ledger row (any revision: corrections are deltas) into its cost center's budgets.
+    """One ledger row's facts (any revision: corrections are deltas) into its cost center's budgets.
 
     ``state``: ``{"usage": {month: [gpu nano-hours, {currency: cost text}]}, "alerts": [[budget, month, pct]]}``."""
     state = state or {"usage": {}, "alerts": []}
