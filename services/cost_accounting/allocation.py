@@ -1,8 +1,8 @@
 """The read-only allocation view in OpenCost's shape (``/allocation?window=&aggregate=``), pure.
 
-The service keeps, per workload uid (the key of ``qm.billing``), a compact copy of each
-ledger row it published (:func:`compact_row`), deduplicated by row id. This module turns
-those into OpenCost-like allocation sets:
+The service keeps a compact copy of each ledger row it published (:func:`compact_row`), in
+one record per by-cost-center record (ADR 0044); :func:`rows_of` reads each row id once. This
+module turns those into OpenCost-like allocation sets:
 
 ``GET /allocation?window=2026-11-29T00:00:00Z,2026-11-30T00:00:00Z&aggregate=namespace``
 ``GET /allocation?window=24h&aggregate=label:quartermaster.dev/cost-center``
@@ -20,7 +20,7 @@ Per group: ``gpuHours`` (running + reserved-idle), ``idle`` (reserved-idle GPU-h
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -124,8 +124,14 @@ def aggregate(
     return {"code": 200, "data": [data]}
 
 
-def rows_of(values: Iterable[Mapping[str, Any] | None]) -> Iterable[list[Any]]:
-    """Compact rows out of the allocation table's values (``apply_once`` entries)."""
+def rows_of(values: Iterable[Mapping[str, Any] | None]) -> Iterator[list[Any]]:
+    """Compact rows out of the allocation table's values, each row id once: a value holds the
+    rows of one by-cost-center record (ADR 0044), and a row sent again after a restart may be
+    in two. Values stored one per row id, as before, read the same way."""
+    seen: set[str] = set()
     for entry in values:
         state = (entry or {}).get("state") or {}
-        yield from state.get("rows", {}).values()
+        for row_id, row in state.get("rows", {}).items():
+            if row_id not in seen:
+                seen.add(row_id)
+                yield row

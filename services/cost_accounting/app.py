@@ -19,7 +19,7 @@ Agents:
    cost center as one record (ADR 0033, 0044); whole rows, as the service wrote them before,
    are read too. They are acknowledged before the batch's records are written as well.
 2. ``<app id>-by-cost-center`` (batched) is folded into the ``allocation`` table
-   (``GET /allocation``, one record per row id) and, when budgets are configured, per cost
+   (``GET /allocation``, one record per by-cost-center record) and, when budgets are configured, per cost
    center into ``qm.budgets`` / ``qm.alerts`` (dedupe by row id: ``apply_once``). The service
    does not read ``qm.billing`` back: at 71,000 rows that read was the replay's tail (ADR 0036).
 """
@@ -240,14 +240,18 @@ def _cause(facts: RowFacts) -> Envelope:
                     producer=SERVICE, payload=facts, correlation_id=facts.correlation_id)
 
 
-def _index_row(batch, facts: RowFacts, event) -> None:
-    """The allocation view: one record per row id (a redelivered row rewrites the same value),
-    in the shape rows_of reads; small records instead of one growing value per workload."""
-    value = {"state": {"rows": {facts.row_id: compact_row(facts)}}}
+def _index_rows(batch, rows: dict[str, list[Any]], event) -> None:
+    """The allocation view: one record per by-cost-center record, keyed by its place in the
+    topic, holding the compact rows it carried by row id (ADR 0044). A redelivered record
+    rewrites the same value; a row sent again in another record after a restart is stored
+    twice and read once (``rows_of`` skips a row id it has seen)."""
+    message = event.message
+    key = f"{message.partition}:{message.offset}"
+    value = {"state": {"rows": rows}}
     if batch is not None:
-        batch.writes[(id(allocation_table), facts.row_id)] = (allocation_table, facts.row_id, value, event)
+        batch.writes[(id(allocation_table), key)] = (allocation_table, key, value, event)
     else:
-        allocation_table[facts.row_id] = value
+        allocation_table[key] = value
 
 
 async def _fold_budget(event) -> None:
@@ -256,13 +260,13 @@ async def _fold_budget(event) -> None:
     except ContractError as error:
         await runtime.dead_letter("qm.billing", event, f"decode: {error}", kind="decode")
         return
-    batch = _current_batch.get()
+    indexed: dict[str, list[Any]] = {}
     for index, row in enumerate(rows):
         try:
             facts = row_facts(row)
             if config.budgets:
                 await runtime.apply_once(budget_table, facts.x_CostCenter, _cause(facts), _budget_fold)
-            _index_row(batch, facts, event)
+            indexed[facts.row_id] = compact_row(facts)
         except TemporaryError:
             raise
         except Exception as error:  # noqa: BLE001
@@ -275,6 +279,8 @@ async def _fold_budget(event) -> None:
                 SimpleNamespace(key=message.key, value=orjson.dumps(row), topic=message.topic,
                                 partition=message.partition, offset=message.offset),
                 f"handler: {where}: {type(error).__name__}: {error}", kind="handler")
+    if indexed:
+        _index_rows(_current_batch.get(), indexed, event)
 
 
 @runtime.app.agent(by_cost_center, name="fold_budgets")

@@ -12,7 +12,7 @@ import pytest
 
 from services.contracts.codec import ContractError, encode
 from services.core.cost import Budget, BudgetUnit
-from services.cost_accounting.allocation import aggregate, compact_row
+from services.cost_accounting.allocation import aggregate, compact_row, rows_of
 from services.cost_accounting.budgets import budget_step
 from services.cost_accounting.cohort import fold_cohorts
 from services.cost_accounting.config import CostConfig
@@ -116,3 +116,17 @@ def test_a_missing_correlation_id_is_allowed_and_a_record_that_is_not_facts_is_n
         rows_in(b'{"facts": "none"}')
     with pytest.raises(ContractError, match="expected billing.ledger_row.v1"):
         row_facts(orjson.loads(encode(tick("10:00"))))
+
+
+def test_the_allocation_view_reads_each_row_once_across_records():
+    """A value per by-cost-center record; after a restart a row may be in two records, and
+    values stored one per row id, as before ADR 0044, read the same way."""
+    compact = {f.row_id: compact_row(f) for f in map(facts_of, ledger_rows()[:3])}
+    first, second, third = compact
+    values = [
+        {"state": {"rows": {first: compact[first], second: compact[second]}}},
+        {"state": {"rows": {second: compact[second], third: compact[third]}}},  # sent again with the next
+        {"state": {"rows": {first: compact[first]}}},  # as stored before: one row per value
+        None,
+    ]
+    assert list(rows_of(values)) == [compact[first], compact[second], compact[third]]
