@@ -14,19 +14,19 @@ Agents:
    :class:`CohortLedger` (records per workload uid + one per cohort key, co-partitioned with the
    source). Outputs: ``qm.billing`` (key workload uid, event id = row id), acknowledged before
    the batch's records are written (workload records before the cohort record). The rows'
-   facts (``allocation.RowFacts``: what the view and the budgets read, 14 of ~45 fields) go
+   facts (``row_facts.RowFacts``: what the view and the budgets read, 14 of ~45 fields) go
    re-keyed by cost center onto ``<prefix><app id>-by-cost-center``: a batch's facts of one
    cost center as one record (ADR 0033, 0044); whole rows, as the service wrote them before,
    are read too. They are acknowledged before the batch's records are written as well.
 2. ``<app id>-by-cost-center`` (batched) is folded into the ``allocation`` table
-   (``GET /allocation``, one record per by-cost-center record) and, when budgets are configured, per cost
-   center into ``qm.budgets`` / ``qm.alerts`` (dedupe by row id: ``apply_once``). The service
-   does not read ``qm.billing`` back: at 71,000 rows that read was the replay's tail (ADR 0036).
+   (``GET /allocation``, one record per by-cost-center record) and, when budgets are
+   configured, per cost center into ``qm.budgets`` / ``qm.alerts`` (dedupe by row id:
+   ``apply_once``). The service does not read ``qm.billing`` back: at 71,000 rows that read
+   was the replay's tail (ADR 0036).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import weakref
 from types import SimpleNamespace
@@ -45,7 +45,7 @@ from services.adapters.runtime import (
     record_position,
 )
 from services.adapters.settings import Settings, milliseconds_env
-from services.contracts.codec import ContractError, Envelope, encode
+from services.contracts.codec import ContractError, Envelope
 from services.contracts.events import RECORD_TYPES
 from services.contracts.schemas import topic_specs
 from services.cost_accounting.allocation import AllocationError, aggregate, compact_row, rows_of
@@ -166,7 +166,6 @@ async def on_workload_event(envelope: Envelope, event) -> None:
             DUPLICATES_SKIPPED.labels(SERVICE, ledger_table.name).inc()
             return
         writes, outputs = result
-        outputs = [_encoded(o) for o in outputs]
         await runtime.publish(outputs)  # acknowledged before the batch's records are stored
         await _pass_rows_on(batch, outputs)
         if batch is None:
@@ -189,13 +188,6 @@ runtime.consume("qm.workloads", on_workload_event, agent_name="fold_ledger", bat
 #: Most records one budgets batch takes: its row ids per cost center stay within
 #: BATCH_IDS_MAX, so a replay onto a stored budget is recognised (ADR 0033).
 BUDGET_BATCH_RECORDS = max(1, BATCH_IDS_MAX // BUNDLE_ROWS_MAX)
-
-
-def _encoded(output: Output) -> Output:
-    """A ledger row encoded once, for qm.billing."""
-    if output.envelope.event_type != LEDGER_ROW or output.value is not None:
-        return output
-    return dataclasses.replace(output, value=encode(output.envelope))
 
 
 _facts_by_cost_center: weakref.WeakKeyDictionary[Any, dict[str, list[RowFacts]]] = weakref.WeakKeyDictionary()
