@@ -1,4 +1,6 @@
-"""Interleaved A/B runs of a Kueue scenario: two or more sides, one after the other, rep by rep.
+"""Interleaved A/B runs of a Kueue scenario or the Alibaba replay, side after side, rep by rep.
+
+Two or more sides run one after the other, rep by rep.
 
 This machine's speed moves from day to day and within a run (stop 21's code took 98-99 s for
 kueue-baseline one day and 88-89 s a day later), so a change is judged only against runs of the
@@ -9,6 +11,11 @@ and environment variables (a knob), or both.
 Examples:
   ab_kueue.py --scenario baseline --scale 0.2 --reps 2 --side before:/tmp/before --side after:.
   ab_kueue.py --scenario large-scale --side default:. --side min16k:.:QM_FETCH_MIN_BYTES=16384
+  ab_kueue.py --scenario replay --reps 3 --side before:/tmp/before --side after:.
+
+`--scenario replay` runs bench/bench_replay.py on the trace beside this checkout (a worktree
+elsewhere has none of its own); its table adds when the simulator was done and the ledger's
+reconciliation (the cost service's tail is the gap between that and the wall).
 
 Before the first run the local broker is warmed up (bench/warm_broker.py, ADR 0043): a broker
 just started compiles its hot paths through its first minutes of traffic, which would slow
@@ -39,6 +46,8 @@ from services.demo.stack import SERVICES  # noqa: E402
 from services.sim.kueue_scenarios import DIAGNOSTIC  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+TRACES = REPO.parent / "shared" / "traces" / "alibaba-gpu-v2023"  # read in place, for every side
+REPLAY = "replay"
 
 
 @dataclass(frozen=True)
@@ -70,13 +79,18 @@ def side_arg(text: str) -> Side:
 
 
 def run_once(side: Side, scenario: str, scale: float, log: Path) -> dict:
-    """One bench_kueue.py run in the side's checkout; its result JSON."""
-    result = side.tree / "bench" / "results" / f"{scenario if scenario in DIAGNOSTIC else 'kueue-' + scenario}.json"
+    """One bench_kueue.py (or bench_replay.py) run in the side's checkout; its result JSON."""
+    if scenario == REPLAY:
+        result = side.tree / "bench" / "results" / "alibaba-replay.json"
+        command = ["bench/bench_replay.py", "--scale", str(scale), "--trace", str(TRACES / "openb_pod_list_default.csv"),
+                   "--nodes", str(TRACES / "openb_node_list_all_node.csv"), "--out", str(result)]
+    else:
+        result = side.tree / "bench" / "results" / f"{scenario if scenario in DIAGNOSTIC else 'kueue-' + scenario}.json"
+        command = ["bench/bench_kueue.py", "--scenario", scenario, "--scale", str(scale)]
     result.unlink(missing_ok=True)  # a failed run must not report the previous one's figures
     with log.open("wb") as out:
-        subprocess.run([str(side.tree / ".venv" / "bin" / "python"), "bench/bench_kueue.py", "--scenario", scenario,
-                        "--scale", str(scale)], cwd=side.tree, env={**os.environ, **side.env}, stdout=out,
-                       stderr=subprocess.STDOUT, check=False)  # fmt: skip
+        subprocess.run([str(side.tree / ".venv" / "bin" / "python"), *command], cwd=side.tree,
+                       env={**os.environ, **side.env}, stdout=out, stderr=subprocess.STDOUT, check=False)
     if not result.exists():
         raise SystemExit(f"{side.label}: the run wrote no result; see {log}")
     return json.loads(result.read_text())
@@ -92,7 +106,18 @@ def figures(report: dict) -> dict:
         "time_to_admission_s": tta, "release_ms": _release_ms(report.get("finish_hops") or {}),
         "calibration_s": (report.get("machine") or {}).get("calibration_s"),  # the machine's speed then
         "broker_jit_cpu_s": report.get("broker_jit_cpu_s"),  # a cold broker's compiling (ADR 0043)
+        "simulator_s": report.get("simulator_s"),  # the replay: the trace played; the rest is the tail
+        "ledger": _ledger(report.get("ledger")),
     }
+
+
+def _ledger(ledger: dict | None) -> str:
+    """The replay's reconciliation: equal to the bus trail (rows), or the difference."""
+    if not ledger:
+        return "—"
+    if ledger.get("reconciled"):
+        return f"equal ({ledger.get('rows'):,} rows)"
+    return f"differs by {ledger.get('difference_gpu_hours')} GPU-h"
 
 
 def _release_ms(hops: dict) -> str:
@@ -106,17 +131,23 @@ def _release_ms(hops: dict) -> str:
 def table(rows: list[tuple[str, int, dict]]) -> None:
     processes = sorted({k for _, _, f in rows for k in f["cpu_s"]})
     classes = sorted({k for _, _, f in rows for k in f["time_to_admission_s"]})
-    print("| side | rep | calibration s | broker JIT s | wall s | services' CPU s | " + " | ".join(f"CPU {p}" for p in processes)
-          + " | evictions | min usage % | " + " | ".join(f"{c} → admitted s" for c in classes)
-          + " | finish → release p50 ms (all / slowest phase) |")
-    print("|" + "---|" * (9 + len(processes) + len(classes)))
+    replay = any(f.get("simulator_s") is not None for _, _, f in rows)
+    header = ["side", "rep", "calibration s", "broker JIT s", "wall s", "services' CPU s", *(f"CPU {p}" for p in processes),
+              "evictions", "min usage %", *(f"{c} → admitted s" for c in classes),
+              "finish → release p50 ms (all / slowest phase)", *(("simulator done s", "ledger") if replay else ())]
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
     for label, rep, f in rows:
         wall = f"{f['wall_s']}" + ("" if f["complete"] else " (incomplete)")
-        jit = f.get("broker_jit_cpu_s")
-        print(f"| {label} | {rep} | {f.get('calibration_s') or '—'} | {'—' if jit is None else jit} | {wall} | {f['services_cpu_s']} | "
-              + " | ".join(str(f["cpu_s"].get(p, "—")) for p in processes)
-              + f" | {f['evictions']} | {f['usage_min_pct']} | "
-              + " | ".join(_round(f["time_to_admission_s"].get(c)) for c in classes) + f" | {f['release_ms']} |")
+        cells = [label, rep, f.get("calibration_s") or "—", _or_dash(f.get("broker_jit_cpu_s")), wall, f["services_cpu_s"],
+                 *(f["cpu_s"].get(p, "—") for p in processes), _or_dash(f["evictions"]), _or_dash(f["usage_min_pct"]),
+                 *(_round(f["time_to_admission_s"].get(c)) for c in classes), f["release_ms"],
+                 *((_round(f.get("simulator_s")), f.get("ledger", "—")) if replay else ())]
+        print("| " + " | ".join(map(str, cells)) + " |")
+
+
+def _or_dash(value: object) -> object:
+    return "—" if value is None else value
 
 
 def _round(value: float | None) -> str:
@@ -126,8 +157,8 @@ def _round(value: float | None) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--scenario", choices=["baseline", "large-scale", *DIAGNOSTIC], default="baseline")
-    p.add_argument("--scale", type=scale_arg, default=1.0, help="as bench_kueue.py's --scale (default 1)")
+    p.add_argument("--scenario", choices=["baseline", "large-scale", *DIAGNOSTIC, REPLAY], default="baseline")
+    p.add_argument("--scale", type=scale_arg, default=1.0, help="as bench_kueue.py's (bench_replay.py's) --scale (default 1)")
     p.add_argument("--reps", type=int, default=1, help="runs of each side (default 1)")
     p.add_argument("--side", type=side_arg, action="append", required=True,
                    help="LABEL:TREE[:VAR=VALUE,...]; give two or more, in the order they run each rep")
@@ -155,7 +186,7 @@ def main() -> int:
             f = figures(report)
             rows.append((side.label, rep, f))
             print(f"[ab] {name}: wall {f['wall_s']} s, services' CPU {f['services_cpu_s']} s, evictions "
-                  f"{f['evictions']} ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+                  f"{f['evictions']}, ledger {f['ledger']} ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
     table(rows)
     return 0
 

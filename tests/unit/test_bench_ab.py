@@ -1,0 +1,43 @@
+"""bench/ab_kueue.py's figures and table: a replay run shows when its simulator was done and
+whether its ledger reconciled; a Kueue run's table has no such columns."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from ab_kueue import figures, table  # noqa: E402
+
+REPLAY_REPORT = {
+    "wall_s": 69.8, "complete": True, "simulator_s": 27.8,
+    "cpu_seconds": {"admission": 16.2, "queue-manager": 24.1, "preemption": 4.4, "cost-accounting": 42.0,
+                    "broker (kafka)": 12.4},
+    "ledger": {"reconciled": True, "rows": 71136, "difference_gpu_hours": "0E-9"},
+    "machine": {"calibration_s": 0.17}, "broker_jit_cpu_s": 0.3,
+}
+
+
+def test_a_replay_run_reports_its_simulator_phase_and_its_ledger(capsys):
+    replay = figures(REPLAY_REPORT)
+    assert (replay["wall_s"], replay["simulator_s"], replay["services_cpu_s"]) == (69.8, 27.8, 86.7)
+    assert replay["ledger"] == "equal (71,136 rows)"
+    differs = figures({**REPLAY_REPORT, "ledger": {"reconciled": False, "difference_gpu_hours": "0.5"}})
+    assert differs["ledger"] == "differs by 0.5 GPU-h"
+    table([("before", 1, differs), ("after", 1, replay)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("| simulator done s | ledger |")
+    assert lines[-1].startswith("| after | 1 | 0.17 | 0.3 | 69.8 | 86.7 |")
+    assert lines[-1].endswith("| 27.8 | equal (71,136 rows) |")
+    assert len({line.count("|") for line in lines}) == 1  # every row has the header's columns
+
+
+def test_a_kueue_run_has_no_replay_columns(capsys):
+    kueue = figures({"wall_s": 88.0, "complete": True, "cpu_seconds": {"admission": 30.0}, "evictions": 3,
+                     "usage_min_pct": 80.1, "time_to_admission": {"large": {"mean_s": 0.4}}})
+    assert (kueue["simulator_s"], kueue["ledger"]) == (None, "—")
+    table([("head", 1, kueue)])
+    lines = capsys.readouterr().out.splitlines()
+    assert "ledger" not in lines[0] and lines[-1].endswith("| — |")
+    assert len({line.count("|") for line in lines}) == 1
