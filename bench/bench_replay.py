@@ -407,6 +407,17 @@ def _billed_against_trace(ledger: dict) -> str:
     return f"{billed:.3f} / {ran:.3f} ({billed / ran:.2%}, Δ {billed - ran:.9f})"
 
 
+def _where_the_wall_went(r: dict) -> str:
+    """The trace played, then the tail until the last ledger row: the cost service's backlog
+    (docs/benchmarks.md, "Where the replay's time goes")."""
+    done, last_row = r.get("simulator_s"), r["drain"].get("ledger_rows_out_after_s")
+    cost_cpu = sum(v for k, v in (r.get("cpu_seconds") or {}).items() if k.startswith("cost-accounting") and v)
+    if done is None or last_row is None:
+        return f"simulator done after {done} s; the last ledger row not seen"
+    return (f"simulator done after {done} s, the last ledger row out after {last_row} s "
+            f"(a tail of {last_row - done:.1f} s; cost-accounting used {cost_cpu:.1f} CPU-s)")
+
+
 def summary_rows(r: dict) -> list[dict]:
     note = "" if r["scale"] == 1 else f"scale {r['scale']:g}: {r['workloads']} workloads, {r['trace_span_h']} trace hours"
     if not r["complete"]:
@@ -422,6 +433,7 @@ def summary_rows(r: dict) -> list[dict]:
             "—", f"< {TARGET_WALL_S} s (full trace)", wall_met, note),
         row("alibaba-replay: bus records/s", f"{r['records_per_s']:,} ({r['bus_records_total']:,} records)", "—", "—",
             None, note),
+        row("alibaba-replay: where the wall went", _where_the_wall_went(r), "—", "—", None, note),
         row("alibaba-replay: submit → decision p50 / p99", f"{d['p50']} / {d['p99']} ms ({d['decided']}/{d['of']})",
             "—", "—", None, note),
         row("alibaba-replay: ledger GPU-hours = bus trail", f"{led['gpu_hours']} vs {led['expected_gpu_hours']} "

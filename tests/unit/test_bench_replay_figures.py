@@ -1,0 +1,23 @@
+"""bench/bench_replay.py's summary says where the wall went: the trace played, then the tail
+until the last ledger row, with every cost-accounting process's CPU."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from bench_replay import _where_the_wall_went  # noqa: E402
+
+
+def test_the_tail_is_the_gap_between_the_simulator_and_the_last_ledger_row():
+    report = {"simulator_s": 27.8, "drain": {"ledger_rows_out_after_s": 69.8},
+              "cpu_seconds": {"cost-accounting": 30.0, "cost-accounting-2": 12.0, "queue-manager": 24.1}}
+    assert _where_the_wall_went(report) == ("simulator done after 27.8 s, the last ledger row out after 69.8 s "
+                                            "(a tail of 42.0 s; cost-accounting used 42.0 CPU-s)")
+
+
+def test_a_run_whose_last_row_was_not_seen_says_so():
+    report = {"simulator_s": 31.0, "drain": {"ledger_rows_out_after_s": None}, "cpu_seconds": {}}
+    assert _where_the_wall_went(report) == "simulator done after 31.0 s; the last ledger row not seen"
