@@ -15,10 +15,11 @@ from typing import Any, NamedTuple
 import orjson
 
 from services.contracts.codec import ContractError, from_document, parse
+from services.contracts.events import LedgerRow
 
 __all__ = ["BUNDLE_ROWS_MAX", "LEDGER_ROW", "RowFacts", "bundles", "facts_from_list", "facts_of", "row_facts", "rows_in"]
 
-LEDGER_ROW = "billing.ledger_row.v1"
+LEDGER_ROW = LedgerRow.EVENT_TYPE
 #: Most rows one by-cost-center record carries.
 BUNDLE_ROWS_MAX = 100
 
