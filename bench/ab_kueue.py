@@ -1,6 +1,4 @@
-"""Interleaved A/B runs of a Kueue scenario or the Alibaba replay, side after side, rep by rep.
-
-Two or more sides run one after the other, rep by rep.
+"""Interleaved A/B runs of a Kueue scenario or the Alibaba replay: two or more sides, rep by rep.
 
 This machine's speed moves from day to day and within a run (stop 21's code took 98-99 s for
 kueue-baseline one day and 88-89 s a day later), so a change is judged only against runs of the
