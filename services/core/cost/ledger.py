@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
+from services.core.cost.hour_texts import HourTexts
 from services.core.cost.model import (
     Budget,
     BudgetAlert,
@@ -132,11 +133,9 @@ class _Book:
     series: dict[SeriesKey, list[int]] = field(default_factory=dict)
     seen: set[str] = field(default_factory=set)
     cache: tuple[list[Interval], list[Interval]] | None = None  # derived, not serialized
-    # Derived, not serialized (book_to_json): the JSON text of each hour of ``emitted``
-    # ('"<hour>":{...}'), same hours in the same order; None until made. _emit sets its hour
-    # to None and notes it in emitted_stale; the horizon pruning in _close drops it from all three.
-    emitted_json: dict[int, str | None] = field(default_factory=dict)
-    emitted_stale: set[int] = field(default_factory=set)
+    # Derived, not serialized (book_to_json): the JSON text of each hour of ``emitted``, same
+    # hours in the same order. _emit marks its hour changed; the horizon pruning in _close drops it.
+    hour_texts: HourTexts = field(default_factory=HourTexts)
 
 
 @dataclass(slots=True)
@@ -460,8 +459,7 @@ def _close(ctx: _Ctx, book: _Book, until_ms: int) -> None:
             if oldest >= final_before:
                 break
             del emitted[oldest]
-            book.emitted_json.pop(oldest, None)
-            book.emitted_stale.discard(oldest)
+            book.hour_texts.drop_oldest(oldest)
     # Nothing reaches past the billed hours any more: leave the active set.
     if not _reaches_past_billed(book, extent):
         state.active.pop(book.uid, None)
@@ -492,8 +490,7 @@ def _emit(
     hour_map = book.emitted.get(hour_ms)
     if hour_map is None:
         hour_map = book.emitted[hour_ms] = {}
-    book.emitted_json[hour_ms] = None  # its text is made again by the next book_to_json
-    book.emitted_stale.add(hour_ms)
+    book.hour_texts.changed(hour_ms)  # its text is made again by the next book_to_json
     entry = hour_map.get(key)
     if entry is None:
         entry = hour_map[key] = [0, 0, 0, 0]
@@ -692,8 +689,9 @@ _encode = json.JSONEncoder(separators=(",", ":")).encode
 
 
 #: A book's JSON text in three parts: the fields before ``emitted`` (an object's text without
-#: its closing brace), each hour of ``emitted`` ('"<hour>":{...}'), the fields after it (without
-#: the opening brace). Strings only, so a snapshot of them does not change with the book.
+#: its closing brace), the hours of ``emitted`` ('"<hour>":{...}', the oldest already joined
+#: by commas into one string: HourTexts), the fields after it (without the opening brace).
+#: Strings only, so a snapshot of them does not change with the book.
 BookJsonParts = tuple[str, tuple[str, ...], str]
 
 
@@ -702,7 +700,7 @@ def book_to_json(book: _Book, encode: Callable[[Any], str] | None = None) -> str
     re-encoding the closed hours: a shell stores the book after every event, and a tick touches
     every active book, so encoding all of ``emitted`` each time made the fold O(hours kept) per
     book and tick (the hours kept are the correction horizon: 168 by default, the whole trace
-    in bench_replay). Each hour's text is kept in ``emitted_json`` until ``_emit`` changes that
+    in bench_replay). Each hour's text is kept (``HourTexts``) until ``_emit`` changes that
     hour or the horizon drops it; only the rest of the book (facts, series, event ids) is
     encoded per call. Standard ``json``: the exact usage sums exceed 64 bits. The fields around
     ``emitted`` come from the same ``_book_head``/``_book_tail`` as ``_book_to_dict``
@@ -716,15 +714,13 @@ def book_json_parts(book: _Book, encode: Callable[[Any], str] | None = None) -> 
     that stores a book once per batch of events joins only the parts it stores."""
     encode = encode or _encode
     emitted = book.emitted
-    texts = book.emitted_json
-    if len(texts) != len(emitted):  # not kept in step (a book built by hand): start over
-        texts = book.emitted_json = dict.fromkeys(emitted)
-        book.emitted_stale = set(emitted)
-    for hour in book.emitted_stale:
-        entries = {_key_text(key): entry for key, entry in emitted[hour].items()}
-        texts[hour] = f'"{hour}":{encode(entries)}'
-    book.emitted_stale.clear()
-    hours: tuple[str, ...] = tuple(texts.values())  # type: ignore[arg-type]  # none is None any more
+    if len(book.hour_texts) != len(emitted):  # not kept in step (a book built by hand): start over
+        book.hour_texts = HourTexts(emitted)
+
+    def encode_hour(hour: int) -> str:
+        return f'"{hour}":{encode({_key_text(key): entry for key, entry in emitted[hour].items()})}'
+
+    hours = book.hour_texts.parts(encode_hour)
     return encode(_book_head(book))[:-1], hours, encode(_book_tail(book))[1:]
 
 
@@ -810,8 +806,7 @@ def _book_from_dict(data: dict[str, Any]) -> _Book:
         emitted=emitted,
         series={_key_from(key): list(values) for key, values in data["series"].items()},
         seen=set(data["seen"]),
-        emitted_json=dict.fromkeys(emitted),
-        emitted_stale=set(emitted),
+        hour_texts=HourTexts(emitted),
     )
 
 

@@ -26,6 +26,7 @@ from services.core.cost import (
     state_from_dict,
     state_to_dict,
 )
+from services.core.cost.hour_texts import HourTexts
 
 MINUTE = 60_000
 HOUR = 60 * MINUTE
@@ -75,7 +76,7 @@ def test_a_book_built_by_hand_is_encoded_whole():
     for event in Stream().run("wl", at_="10:00", gpus=1).tick("12:00").events:
         state, _, _ = apply_tracked(state, event)
     book = state.books["wl"]
-    book.emitted_json.clear()  # as a _Book(...) given an emitted dict directly would have it
+    book.hour_texts = HourTexts()  # as a _Book(...) given an emitted dict directly would have it
     assert book_to_json(book) == dumps(book)
 
 
@@ -132,4 +133,4 @@ def test_book_to_json_equals_json_dumps_of_book_to_dict_after_every_event(plan, 
                 assert book_to_json(book) == dumps(book)
     for book in state.books.values():
         assert book_to_json(book) == dumps(book)
-        assert list(book.emitted_json) == list(book.emitted) and not book.emitted_stale
+        assert list(book.hour_texts.texts) == list(book.emitted) and not book.hour_texts.stale
