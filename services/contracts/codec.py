@@ -14,7 +14,7 @@ import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 import jsonschema_rs
@@ -93,7 +93,14 @@ def make_envelope(
 
 def payload_to_dict(payload: Any) -> dict:
     """Record -> JSON-able dict; optional fields left as None are omitted."""
-    return {f.name: v for f in dataclasses.fields(payload) if (v := getattr(payload, f.name)) is not None}
+    return {name: v for name in _field_names(type(payload)) if (v := getattr(payload, name)) is not None}
+
+
+@cache
+def _field_names(record_type: type) -> tuple[str, ...]:
+    """A record type's field names: ``dataclasses.fields`` builds its tuple on every call, and
+    every message a service publishes passes here (for a 45-field ledger row, 40% of the dict)."""
+    return tuple(f.name for f in dataclasses.fields(record_type))
 
 
 def envelope_to_dict(envelope: Envelope) -> dict:
@@ -277,7 +284,11 @@ def _validator(name: str, strict: bool) -> _Checker:
     return _Checker(fast.is_valid, Draft202012Validator(schema, format_checker=_formats))
 
 
+@lru_cache(maxsize=16384)
 def _fast_date_time(value: str) -> bool:
+    """The fast check's date rule. Cached: jsonschema-rs calls it for every date of every message
+    validated, and messages near in time share their dates (a ledger row names four hours); the
+    check was over half of validating a ledger row."""
     try:
         return _is_utc_timestamp(value)
     except ValueError:
