@@ -52,7 +52,9 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from services.contracts.codec import Envelope  # noqa: E402
+from services.contracts.codec import Envelope, make_envelope  # noqa: E402
+from services.contracts.events import ClockTick  # noqa: E402
+from services.core.cost.units import iso_utc  # noqa: E402
 from services.cost_accounting import cohort  # noqa: E402
 from services.cost_accounting.config import CostConfig, config_from_documents  # noqa: E402
 from services.cost_accounting.trace_events import trace_envelopes, trace_labels  # noqa: E402
@@ -62,18 +64,36 @@ from services.trace import lifecycle_events, read_pods, synthetic_pods  # noqa: 
 
 TRACE = ROOT.parent / "shared" / "traces" / "alibaba-gpu-v2023" / "openb_pod_list_default.csv"
 REPLAY_HORIZON_HOURS = 24 * 366  # bench_replay.write_config
+REPLAY_CLOSE_DELAY_HOURS = 833  # bench_replay's closeDelaySeconds with --settle: 10 s x 300,000
 
 
 #: records per batch of the per-batch way (the service's batches take up to QM_BATCH_SIZE)
 BATCH = 100
 
 
-def config(horizon_hours: int | None) -> CostConfig:
+def config(horizon_hours: int | None, close_delay_hours: int = 0) -> CostConfig:
     docs = list(yaml.safe_load_all((ROOT / "examples" / "seed" / "pricelist.yaml").read_text()))
     for doc in docs:
         if doc.get("kind") == "CostSettings" and horizon_hours is not None:
             doc["spec"]["correctionHorizonHours"] = horizon_hours
+        if doc.get("kind") == "CostSettings" and close_delay_hours:
+            doc["spec"]["closeDelaySeconds"] = close_delay_hours * 3600
     return config_from_documents(("seed", doc) for doc in docs)
+
+
+def settle_ticks(records: list[tuple[str, Envelope]], hours: int) -> list[tuple[str, Envelope]]:
+    """Hourly ticks per cohort key for ``hours`` + 1 hours after the stream's last event, so that
+    with a close delay of ``hours`` every hour closes (bench_replay's --settle)."""
+    if not hours or not records:
+        return []
+    last_ms = max(at_ms(e.occurred_at) for _, e in records)
+    keys = sorted({key for key, _ in records})
+    return [
+        (key, make_envelope(ClockTick(at=iso_utc(at), source="bench"), producer="bench", occurred_at=iso_utc(at),
+                            identity=("settle", key, at)))
+        for at in range(last_ms - last_ms % 3_600_000 + 3_600_000, last_ms + (hours + 2) * 3_600_000, 3_600_000)
+        for key in keys
+    ]
 
 
 def stream(name: str, pods, hours: int | None = None) -> list[tuple[str, Envelope]]:
@@ -139,6 +159,10 @@ def main() -> None:
     p.add_argument("--ways", choices=(*WAYS, "both", "none"), default="both",
                    help="fold one way only (to count its instructions), or none (the stream alone)")
     p.add_argument("--trace", type=Path, default=TRACE)
+    p.add_argument("--close-delay-hours", type=int, default=0,
+                   help="the replay stream's close delay, with hourly ticks after its end until every hour "
+                        f"closes (bench_replay's: {REPLAY_CLOSE_DELAY_HOURS}, 10 wall seconds at 300,000x; "
+                        "then each tick visits every book of the last that many hours; default 0)")
     args = p.parse_args()
     ways = WAYS if args.ways == "both" else () if args.ways == "none" else (args.ways,)
 
@@ -154,7 +178,9 @@ def main() -> None:
         count = args.pods if name == "replay" else (args.default_pods or len(all_pods))
         hours = args.hours or None if name == "replay" else None
         records = stream(name, all_pods[:count], hours)
-        cfg = config(REPLAY_HORIZON_HOURS if name == "replay" else None)
+        delay = args.close_delay_hours if name == "replay" else 0
+        records += settle_ticks(records, delay)
+        cfg = config(REPLAY_HORIZON_HOURS if name == "replay" else None, delay)
         times: dict[str, list[float]] = {way: [] for way in ways}
         reference: tuple[list, dict] | None = None
         if not ways:
@@ -176,7 +202,8 @@ def main() -> None:
         books = [len(v["book"]) for v in reference[1].values() if isinstance(v, dict) and v.get("book")]
         span = f"first {hours} trace hours, " if hours else ""
         print(f"{name}: {count} pods, {span}{len(records)} events, {rows} rows, same outputs and records; "
-              f"largest book {max(books, default=0):,} chars, horizon {cfg.settings.correction_horizon_ms // 3_600_000} h")
+              f"largest book {max(books, default=0):,} chars, horizon {cfg.settings.correction_horizon_ms // 3_600_000} h, "
+              f"close delay {cfg.settings.close_delay_ms // 3_600_000} h")
         best = {way: min(ts) for way, ts in times.items()}
         for way, ts in times.items():
             print(f"  {way:>12}: best {best[way]:.2f} s (median {statistics.median(ts):.2f}) = "

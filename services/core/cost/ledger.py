@@ -36,6 +36,7 @@ from bisect import bisect_right, insort
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_EVEN, Decimal
+from heapq import heappop, heappush
 from typing import Any
 
 from services.core.cost.hour_texts import HourTexts
@@ -144,7 +145,8 @@ class CostState:
     watermark_ms: int | None = None
     closed_through_ms: int | None = None  # every hour before this is closed
     books: dict[str, _Book] = field(default_factory=dict)
-    active: dict[str, None] = field(default_factory=dict)  # ordered set of uids with unbilled usage
+    # Ordered set of uids with unbilled usage; each maps to its place in that order (_activate).
+    active: dict[str, int] = field(default_factory=dict)
     finished_idle: dict[str, int] = field(default_factory=dict)  # uid -> billed through, for pruning
     forgotten: dict[str, int] = field(default_factory=dict)  # pruned uid -> finished at
     namespace_labels: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -154,6 +156,14 @@ class CostState:
     budget_usage: dict[tuple[str, str], list[Any]] = field(default_factory=dict)
     alerts_sent: dict[tuple[str, str, int], None] = field(default_factory=dict)
     config_at: dict[str, int] = field(default_factory=dict)
+    # Derived, not serialized: a min-heap of (billed_through_ms, place in active, uid), at least
+    # one entry per active book with its current values (stale ones are skipped when popped).
+    # A tick closes hours only of the books billed through less than its closed hour: with a
+    # close delay, every workload seen within the delay is active and the rest wait, and
+    # visiting every active book at every tick was ~a third of the fold in the Alibaba replay
+    # (833-hour delay: 6.9 million visits for 66,000 that closed an hour).
+    resume_at: list[tuple[int, int, str]] = field(default_factory=list)
+    next_place: int = 0
 
 
 def initial_state(
@@ -299,9 +309,29 @@ def _apply_workload(ctx: _Ctx, event: CostEvent) -> _Book | None:
         book.billed_through_ms = hour_ms
     elif late:
         _correct(ctx, book, hour_ms)
-    state.active[uid] = None
+    if uid not in state.active:
+        _activate(state, book)
     state.finished_idle.pop(uid, None)
     return book
+
+
+def _activate(state: CostState, book: _Book) -> None:
+    """Put ``book`` last in the active set, waiting for hours to close from its billed hour."""
+    place = state.active[book.uid] = state.next_place
+    state.next_place += 1
+    if book.billed_through_ms is not None:
+        heappush(state.resume_at, (book.billed_through_ms, place, book.uid))
+
+
+def _due(state: CostState, closed_ms: int) -> list[str]:
+    """The active books billed through less than ``closed_ms``, in the active set's order."""
+    heap, active, books = state.resume_at, state.active, state.books
+    due: dict[str, int] = {}
+    while heap and heap[0][0] < closed_ms:
+        billed, place, uid = heappop(heap)
+        if active.get(uid) == place and books[uid].billed_through_ms == billed:
+            due[uid] = place
+    return sorted(due, key=due.__getitem__)
 
 
 def _advance(ctx: _Ctx, at_ms: int, book: _Book | None, moves_watermark: bool = True) -> None:
@@ -314,7 +344,7 @@ def _advance(ctx: _Ctx, at_ms: int, book: _Book | None, moves_watermark: bool = 
     closed = floor_hour(state.watermark_ms - state.settings.close_delay_ms)
     if state.closed_through_ms is None or closed > state.closed_through_ms:
         state.closed_through_ms = closed
-        for uid in list(state.active):
+        for uid in _due(state, closed):  # the other active books close none of their hours yet
             _close(ctx, state.books[uid], closed)
         _prune(ctx)
     elif book is not None and book.uid in state.active and state.closed_through_ms is not None:
@@ -465,6 +495,8 @@ def _close(ctx: _Ctx, book: _Book, until_ms: int) -> None:
         state.active.pop(book.uid, None)
         if book.finished is not None:
             state.finished_idle[book.uid] = book.billed_through_ms
+    elif book.uid in state.active:
+        heappush(state.resume_at, (until_ms, state.active[book.uid], book.uid))
 
 
 def _correct(ctx: _Ctx, book: _Book, from_hour_ms: int) -> None:
@@ -739,8 +771,8 @@ def restore_books(state: CostState, books: Iterable[_Book]) -> CostState:
         reaches = _reaches_past_billed(
             book, _extent(*_intervals(book), book.billed_through_ms if book.billed_through_ms is not None else 0)
         )
-        if reaches:
-            state.active[book.uid] = None
+        if reaches and book.uid not in state.active:
+            _activate(state, book)
         elif book.finished is not None and book.billed_through_ms is not None:
             idle.append((book.billed_through_ms, book.uid))
     for billed, uid in sorted(idle):
@@ -847,7 +879,7 @@ def state_from_dict(data: dict[str, Any]) -> CostState:
         raise ValueError(f"unsupported cost state version {data.get('version')!r}")
     s = data["settings"]
     books = [_book_from_dict(book) for book in data["books"]]
-    return CostState(
+    state = CostState(
         settings=CostSettings(
             cost_center_label=s["costCenterLabel"],
             default_cost_center=s["defaultCostCenter"],
@@ -860,7 +892,6 @@ def state_from_dict(data: dict[str, Any]) -> CostState:
         watermark_ms=data["watermarkMs"],
         closed_through_ms=data["closedThroughMs"],
         books={book.uid: book for book in books},
-        active=dict.fromkeys(data["active"]),
         finished_idle={uid: at for uid, at in data["finishedIdle"]},
         forgotten=dict(data["forgotten"]),
         namespace_labels={ns: dict(labels) for ns, labels in data["namespaceLabels"].items()},
@@ -873,3 +904,6 @@ def state_from_dict(data: dict[str, Any]) -> CostState:
         alerts_sent={(name, month, int(t)): None for name, month, t in data["alertsSent"]},
         config_at=dict(data["configAt"]),
     )
+    for uid in data["active"]:
+        _activate(state, state.books[uid])
+    return state
