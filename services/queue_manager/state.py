@@ -316,11 +316,13 @@ def _limit_message(key: tuple[str, str, str], previous: int | None, outcome: quo
 def _expire_idle_reservations(state: dict, ctx: Context, emit: _Emitter) -> bool:
     """Pre-freeze timeout: a reservation not running within podsReadyTimeout is released and
     requeued with exponential backoff; after max_expiries the workload is deactivated."""
-    now = state["now"]
+    now, timeout, admitted = state["now"], ctx.pods_ready_timeout_s, state["admitted"]
     touched = set()
-    for uid, entry in sorted(state["admitted"].items()):
-        if entry["running_at"] is not None or now - entry["reserved_at"] < ctx.pods_ready_timeout_s:
-            continue
+    # Every tick looks at every admitted workload; sorting them all first was ~10% of the
+    # queue-manager in the Alibaba replay. Only the expired are sorted (by uid, as before).
+    expired = sorted(uid for uid, e in admitted.items() if e["running_at"] is None and now - e["reserved_at"] >= timeout)
+    for uid in expired:
+        entry = admitted[uid]
         _unadmit(state, ctx, uid)
         touched.add(entry["namespace"])
         expiries = state["expiries"].get(uid, 0) + 1
@@ -401,12 +403,12 @@ def _track_pod(state: dict, pod: PodRunning | PodFinished) -> None:
 def _clean_up_zombies(state: dict, ctx: Context, emit: _Emitter) -> bool:
     """A workload whose pods vanished without a finish still holds quota: after the TTL it is
     released and the watcher is told to delete it."""
-    now = state["now"]
+    now, ttl, admitted = state["now"], ctx.zombie_ttl_s, state["admitted"]
     touched = set()
-    for uid, entry in sorted(state["admitted"].items()):
-        gone = entry.get("pods_gone_at")
-        if gone is None or now - gone < ctx.zombie_ttl_s:
-            continue
+    gone_past_ttl = sorted(uid for uid, e in admitted.items() if (gone := e.get("pods_gone_at")) is not None and now - gone >= ttl)
+    for uid in gone_past_ttl:
+        entry = admitted[uid]
+        gone = entry["pods_gone_at"]
         _unadmit(state, ctx, uid)
         touched.add(entry["namespace"])
         emit.released(entry, "ZombieTTLExpired", gone + ctx.zombie_ttl_s)
