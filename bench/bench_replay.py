@@ -229,6 +229,13 @@ def ledger_gpu_nano(billing_records: list) -> tuple[dict[str, int], int]:
 
 async def run(args: argparse.Namespace) -> dict:
     progress = Progress("alibaba-replay")
+    for flag, path in (("--trace", args.trace), ("--nodes", args.nodes)):
+        if not Path(path).is_file():
+            raise SystemExit(
+                f"alibaba-replay: no file at {path} ({flag}). The trace is read in place from "
+                f"../shared/traces/alibaba-gpu-v2023 beside the checkout; from a worktree elsewhere, give "
+                f"--trace and --nodes (bench/ab_kueue.py --scenario replay does)."
+            )
     pods = read_pods(args.trace)
     nodes = read_nodes(args.nodes)
     workloads = workloads_from_trace(pods)

@@ -1,14 +1,19 @@
 """bench/bench_replay.py's summary says where the wall went: the trace played, then the tail
-until the last ledger row, with every cost-accounting process's CPU."""
+until the last ledger row, with every cost-accounting process's CPU. A trace that is not there
+is named, with what to do."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from bench_replay import _where_the_wall_went  # noqa: E402
+from bench_replay import _where_the_wall_went, run  # noqa: E402
 
 
 def test_the_tail_is_the_gap_between_the_simulator_and_the_last_ledger_row():
@@ -21,3 +26,9 @@ def test_the_tail_is_the_gap_between_the_simulator_and_the_last_ledger_row():
 def test_a_run_whose_last_row_was_not_seen_says_so():
     report = {"simulator_s": 31.0, "drain": {"ledger_rows_out_after_s": None}, "cpu_seconds": {}}
     assert _where_the_wall_went(report) == "simulator done after 31.0 s; the last ledger row not seen"
+
+
+def test_a_missing_trace_is_named_with_what_to_do(tmp_path):
+    args = argparse.Namespace(trace=str(tmp_path / "pods.csv"), nodes=str(tmp_path / "nodes.csv"))
+    with pytest.raises(SystemExit, match=r"no file at .*pods\.csv \(--trace\)\..*give --trace and --nodes"):
+        asyncio.run(run(args))
