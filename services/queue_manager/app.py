@@ -128,11 +128,14 @@ def objects_of(cluster_queue: str):
     return spec.resource_groups if spec else ()
 
 
+keyed_contexts = fold.KeyedContexts()
+
+
 async def on_workload_event(envelope: Envelope, event) -> None:
     if not isinstance(envelope.payload, fold.FOLDED):
         return  # our own decisions coming back: nothing to fold, no state to store
     key = event.key.decode() if event.key else envelope.payload.uid
-    applied = await runtime.apply_once(cohorts, key, envelope, lambda s, e: fold.apply(s, e, dataclasses.replace(context, cache_key=key)))
+    applied = await runtime.apply_once(cohorts, key, envelope, lambda s, e: fold.apply(s, e, keyed_contexts.of(context, key)))
     if not applied:
         return
     if envelope.event_type == "workload.validated.v1":

@@ -93,6 +93,21 @@ class Context:
     coalesce_drains: bool = False
 
 
+class KeyedContexts:
+    """A context with a cohort key as its ``cache_key``, made once per key and context:
+    ``dataclasses.replace`` for every event was ~3% of the queue-manager in kueue-large-scale.
+    A key's context made from a context that a new config has replaced is made again."""
+
+    def __init__(self) -> None:
+        self._made: dict[str, tuple[Context, Context]] = {}
+
+    def of(self, context: Context, key: str) -> Context:
+        made = self._made.get(key)
+        if made is None or made[0] is not context:
+            made = self._made[key] = (context, dataclasses.replace(context, cache_key=key))
+        return made[1]
+
+
 def empty_state() -> dict[str, Any]:
     return {"pending": {}, "admitted": {}, "said": {}, "expiries": {}, "now": 0.0}
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from services.adapters.kueue_config import KueueConfig
 from services.contracts.codec import make_envelope
 from services.contracts.events import ClockTick, WorkloadFinished, WorkloadRunning, WorkloadValidated
-from services.queue_manager.state import Context, apply
+from services.queue_manager.state import Context, KeyedContexts, apply
 
 SEED = Path(__file__).resolve().parents[3] / "examples" / "seed"
 CONFIG = KueueConfig.load(SEED)
@@ -194,3 +195,14 @@ def test_a_release_judges_what_can_fit_and_one_more_not_the_whole_deep_queue():
     pending = [o.envelope.payload.name for o in outputs if o.envelope.event_type == "workload.pending.v1"]
     assert pending == []  # w05 was judged (the one more) and its message did not change; w06.. not judged
     assert len(state["pending"]) == 36
+
+
+def test_a_keyed_context_is_made_once_per_key_and_again_for_a_new_config():
+    contexts = KeyedContexts()
+    first = contexts.of(CTX, "cohort-a")
+    assert first.cache_key == "cohort-a" and first.objects is CTX.objects
+    assert contexts.of(CTX, "cohort-a") is first
+    assert contexts.of(CTX, "cohort-b").cache_key == "cohort-b"
+    reconfigured = dataclasses.replace(CTX, max_expiries=5)
+    again = contexts.of(reconfigured, "cohort-a")
+    assert again is not first and again.max_expiries == 5 and again.cache_key == "cohort-a"
