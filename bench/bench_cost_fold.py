@@ -161,8 +161,8 @@ def main() -> None:
     p.add_argument("--trace", type=Path, default=TRACE)
     p.add_argument("--close-delay-hours", type=int, default=0,
                    help="the replay stream's close delay, with hourly ticks after its end until every hour "
-                        f"closes (bench_replay's: {REPLAY_CLOSE_DELAY_HOURS}, 10 wall seconds at 300,000x; "
-                        "then each tick visits every book of the last that many hours; default 0)")
+                        f"closes (bench_replay's: {REPLAY_CLOSE_DELAY_HOURS}, 10 wall seconds at 300,000x: every "
+                        "workload seen within the delay stays active, as in the service; default 0)")
     args = p.parse_args()
     ways = WAYS if args.ways == "both" else () if args.ways == "none" else (args.ways,)
 

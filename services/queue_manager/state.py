@@ -904,9 +904,10 @@ def _say_pending(state: dict, emit: _Emitter, workload: dict, key: str, cluster_
              identity=(uid, said, len(state["admitted"])))
 
 
-# id(a cohort's nodes) -> (those nodes, node names by flavor). A fleet of 1,523 nodes walked
-# for every placement was a tenth of the queue-manager in the Alibaba replay. Dropped by the
-# fold whenever it changes the nodes; the nodes themselves are kept, so their id is not reused.
+# id(a cohort's nodes) -> (those nodes, per flavor its node names and their GPU capacity). A
+# fleet of 1,523 nodes walked for every placement was a tenth of the queue-manager in the Alibaba
+# replay. Dropped by the fold whenever it changes the nodes; the nodes themselves are kept, so
+# their id is not reused.
 _NODES_BY_FLAVOR: dict[int, tuple[dict, dict[str, tuple[list[str], list[int]]]]] = {}
 
 
