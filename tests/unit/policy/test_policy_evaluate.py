@@ -223,6 +223,30 @@ def test_one_requests_values_never_leak_into_the_next_one():
     assert not evaluate(ps, JOB8, None, over, None, None, "CREATE").allowed
 
 
+def test_a_value_python_calls_equal_but_cel_does_not_is_bound_again():
+    """The evaluator keeps one CEL context and rebinds only what changed (ADR 0047): 1, 1.0 and
+    True are equal in Python but not in CEL, so each must reach the policy as itself."""
+    ps = policy_set(qm_policy("type(object.spec.parallelism) == int"))
+
+    def job(parallelism):
+        obj = make_job("j", "ml-team").obj()
+        obj["spec"]["parallelism"] = parallelism
+        return obj
+
+    assert [evaluate(ps, job(value)).allowed for value in (1, True, 1, 1.0, 1)] == [True, False, True, False, True]
+
+
+def test_a_request_that_cannot_be_converted_leaves_nothing_behind():
+    """CEL binds a request's variables one by one and stops at one it cannot convert; the next
+    request's values are then bound again, not taken for those bound before the failure."""
+    ps = policy_set(qm_policy("usage.gpus + workload.gpus <= 32 && cluster.gpuUtilization < 0.9"))
+    over = usage("ml-team", running=28)
+    assert not evaluate(ps, JOB8, None, over, cluster={"gpuUtilization": 0.1}).allowed
+    with pytest.raises(ValueError, match="set"):  # usage (none) is bound before cluster fails
+        evaluate(ps, JOB8, None, None, cluster={"gpuUtilization": {0.1}})
+    assert not evaluate(ps, JOB8, None, over, cluster={"gpuUtilization": 0.1}).allowed
+
+
 def test_cluster_signals_are_asked_for_only_when_an_applying_policy_reads_them():
     asked = []
 
