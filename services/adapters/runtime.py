@@ -643,9 +643,14 @@ class ServiceRuntime:
             for name in names:
                 self._sieves[self.settings.topic(name)] = TypeSieve(wanted)
 
+        consumed: dict[str, Any] = {}  # topic -> its counter (`labels()` looks it up anew each call)
+
         async def handle(event) -> None:
             topic_name = runtime._base_names.get(event.message.topic, label)
-            MESSAGES_CONSUMED.labels(runtime.settings.service, topic_name).inc()
+            counter = consumed.get(topic_name)
+            if counter is None:
+                counter = consumed[topic_name] = MESSAGES_CONSUMED.labels(runtime.settings.service, topic_name)
+            counter.inc()
             # A record holds one envelope, or a bundle's in order (ADR 0034), each applied on its
             # own; one of a bundle that cannot be read or handled is dead-lettered alone, named
             # by its place in the record.

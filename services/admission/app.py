@@ -39,6 +39,7 @@ from services.policy.store import PolicyStore
 from services.policy.views import cost_center_of
 
 DECISIONS = Counter("qm_admission_decisions_total", "Bus admission decisions", ["decision"])
+REJECTED, NOT_IN_A_QUEUE, VALIDATED = (DECISIONS.labels(d) for d in ("rejected", "no-queue", "validated"))
 PRODUCER = "admission"
 
 settings = Settings.from_env("admission")
@@ -82,12 +83,12 @@ def decide(submitted: WorkloadSubmitted, cause: Envelope) -> list[Output]:
         enforcement_point=EnforcementPoint.BUS,
     )
     if not decision.allowed:
-        DECISIONS.labels("rejected").inc()
+        REJECTED.inc()
         return [out(translate.rejected(submitted, decision.violations), key or submitted.namespace)]
     if cluster_queue is None or key is None:
-        DECISIONS.labels("no-queue").inc()
+        NOT_IN_A_QUEUE.inc()
         return [out(translate.not_in_a_queue(submitted), submitted.namespace)]
-    DECISIONS.labels("validated").inc()
+    VALIDATED.inc()
     cohort = config.objects.cluster_queues[cluster_queue].cohort
     return [out(translate.validated(submitted, cluster_queue, cohort, decision.warnings), key)]
 

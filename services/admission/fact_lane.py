@@ -41,8 +41,12 @@ from services.contracts.codec import ContractError, Envelope, from_document, par
 log = logging.getLogger("qm.admission.facts")
 FACTS = Counter("qm_admission_facts_total", "qm.cluster facts the fact lane read, by outcome",
                 ["outcome"])  # forwarded | unroutable (no configured queue) | dead-lettered
+# Bound once: `labels()` looks its child up anew at every call, ~1% of admission's samples.
+FORWARDED_FACTS, UNROUTABLE_FACTS, DEAD_LETTERED_FACTS = (FACTS.labels(outcome) for outcome in
+                                                          ("forwarded", "unroutable", "dead-lettered"))
 
 WANTED = frozenset(record.EVENT_TYPE for record in FORWARDED)
+WANTED_MARKERS = tuple(event_type.encode() for event_type in sorted(WANTED))
 MAX_RECORDS = 1000  # per round: a round's facts are acknowledged together before its commit
 try:
     COMMIT_EVERY_S = float(os.environ.get("QM_FACT_LANE_COMMIT_S", 1.0))
@@ -116,6 +120,8 @@ class FactLane:
                 await consumer.stop()
 
     async def _facts(self, record) -> list[Output]:
+        if not record.value or not any(marker in record.value for marker in WANTED_MARKERS):
+            return []  # names no fact type, so it is no fact: passed over unparsed (submissions)
         try:
             document = parse(record.value)
         except ContractError:
@@ -125,22 +131,22 @@ class FactLane:
         try:
             envelope = from_document(document)
         except ContractError as error:  # a fact only this lane validates: dead-lettered here
-            FACTS.labels("dead-lettered").inc()
+            DEAD_LETTERED_FACTS.inc()
             await self.dead_letter(record, f"contract: {error}", "contract")
             return []
         try:
             outputs = self.route(envelope)
-            FACTS.labels("forwarded").inc()
+            FORWARDED_FACTS.inc()
             return outputs
         except UnknownQueue as error:
             self.unroutable += 1
-            FACTS.labels("unroutable").inc()
+            UNROUTABLE_FACTS.inc()
             log.warning("lifecycle event for a workload in no known queue; not forwarded: %s (event %s)",
                         error, envelope.event_id)
             return []
         except Exception as error:  # noqa: BLE001 - a routing bug must not stop the lane (as in the agents)
             log.exception("fact lane: routing failed; record dead-lettered (event %s)", envelope.event_id)
-            FACTS.labels("dead-lettered").inc()
+            DEAD_LETTERED_FACTS.inc()
             await self.dead_letter(record, f"handler: {type(error).__name__}: {error}", "handler")
             return []
 
