@@ -34,6 +34,7 @@ from aiokafka.errors import CommitFailedError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 from prometheus_client import Counter
 
+from services.adapters.bus import TypeMarkers
 from services.adapters.runtime import Output
 from services.admission.cohort_stream import FORWARDED, UnknownQueue
 from services.contracts.codec import ContractError, Envelope, from_document, parse
@@ -46,7 +47,7 @@ FORWARDED_FACTS, UNROUTABLE_FACTS, DEAD_LETTERED_FACTS = (FACTS.labels(outcome) 
                                                           ("forwarded", "unroutable", "dead-lettered"))
 
 WANTED = frozenset(record.EVENT_TYPE for record in FORWARDED)
-WANTED_MARKERS = tuple(event_type.encode() for event_type in sorted(WANTED))
+WANTED_MARKERS = TypeMarkers(WANTED)
 MAX_RECORDS = 1000  # per round: a round's facts are acknowledged together before its commit
 try:
     COMMIT_EVERY_S = float(os.environ.get("QM_FACT_LANE_COMMIT_S", 1.0))
@@ -120,7 +121,7 @@ class FactLane:
                 await consumer.stop()
 
     async def _facts(self, record) -> list[Output]:
-        if not record.value or not any(marker in record.value for marker in WANTED_MARKERS):
+        if not WANTED_MARKERS.named_in(record.value):
             return []  # names no fact type, so it is no fact: passed over unparsed (submissions)
         try:
             document = parse(record.value)
