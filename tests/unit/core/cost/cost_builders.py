@@ -36,6 +36,11 @@ def at(clock: str, day: str = DAY) -> int:
     return parse_iso_utc_ms(f"{day}T{clock}Z")
 
 
+MINUTE = 60_000  # ms
+HOUR = 60 * MINUTE
+T0 = at("08:00")  # where the property tests' streams start
+
+
 def gpu_hours(gpu_milli: int, seconds: int) -> Decimal:
     """The exact value rounded to 9 places, ROUND_HALF_EVEN — computed independently with Fraction."""
     exact = Fraction(gpu_milli * seconds, 1000 * 3600)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from cost_builders import Stream, at
+from cost_builders import HOUR, MINUTE, T0, Stream, at
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,9 +28,6 @@ from services.core.cost import (
 )
 from services.core.cost.hour_texts import HourTexts
 
-MINUTE = 60_000
-HOUR = 60 * MINUTE
-T0 = at("08:00")
 GIB = 2**30 * 1000  # milli-bytes
 
 

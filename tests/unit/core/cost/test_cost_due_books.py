@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from cost_builders import at
+from cost_builders import HOUR, MINUTE, T0, at
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,10 +24,6 @@ from services.core.cost import (
     state_to_dict,
 )
 from services.core.cost.ledger import _due
-
-MINUTE = 60_000
-HOUR = 60 * MINUTE
-T0 = at("08:00")
 
 op = st.one_of(
     st.tuples(st.just("reserve"), st.sampled_from([1000, 4000])),
