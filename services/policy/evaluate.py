@@ -34,6 +34,7 @@ from services.policy.celenv import ANY_OBJECT, PARAMS_BY_POLICY, PARAMS_OBJECT_B
 from services.policy.loader import PolicySet
 from services.policy.match import MatchError, matches
 from services.policy.model import EnforcementAction, EnforcementPoint, Policy
+from services.policy.paths import WHOLE, cut, shapes
 from services.policy.views import budget_view, cluster_view, usage_view, workload_view
 
 
@@ -79,17 +80,18 @@ class _EvalError(Exception):
     pass
 
 
-def _run(expr, ctx: cel.Context) -> Any:
+def _run(expr, ctx: _RequestContext) -> Any:
+    context = ctx.ready_for(expr)  # outside the try: a value CEL cannot take is the caller's error
     try:
-        return expr.program.execute(ctx)
+        return expr.program.execute(context)
     except Exception as e:  # cel raises ValueError/TypeError/RuntimeError/KeyError
         raise _EvalError(f"{expr.field}: {type(e).__name__}: {e}") from None
 
 
-def _message(policy: Policy, v, ctx: cel.Context) -> str:
+def _message(policy: Policy, v, ctx: _RequestContext) -> str:
     if v.message_expression is not None:
         try:
-            out = v.message_expression.program.execute(ctx)
+            out = v.message_expression.program.execute(ctx.ready_for(v.message_expression))
             if isinstance(out, str) and out.strip():
                 return out
         except Exception:  # noqa: BLE001 - VAP falls back to `message` on error
@@ -99,7 +101,7 @@ def _message(policy: Policy, v, ctx: cel.Context) -> str:
     return f"failed expression: {v.expression.source.strip()}"
 
 
-def _evaluate_policy(policy: Policy, ctx: cel.Context) -> list[str]:
+def _evaluate_policy(policy: Policy, ctx: _RequestContext) -> list[str]:
     """Messages of the failed validations (empty: passed). Raises _EvalError."""
     # Params and template variables were resolved at load time (see loader._specialize), so
     # the request's context is never modified here: no per-policy re-conversion.
@@ -113,7 +115,7 @@ def _evaluate_policy(policy: Policy, ctx: cel.Context) -> list[str]:
         values: dict[str, Any] = {}
         for var in policy.variables:
             values[var.name] = _run(var.expression, ctx)
-            ctx.add_variable("variables", values)
+            ctx.context.add_variable("variables", values)
     failed: list[str] = []
     for v in policy.validations:
         result = _run(v.expression, ctx)
@@ -161,7 +163,7 @@ def evaluate(
                 applying.append((policy, action, None))
         except MatchError as e:
             applying.append((policy, action, e))
-    ctx: cel.Context | None = None
+    ctx: _RequestContext | None = None
     violations: list[Violation] = []
     errors: list[str] = []
     for policy, action, match_error in applying:
@@ -172,9 +174,8 @@ def evaluate(
                 errors.append(f"[{policy.name}] cannot match: {match_error}")
             continue
         if ctx is None:
-            refs = frozenset().union(*(p.references for p, _, e in applying if e is None))
             ctx = _context(
-                policy_set, refs, object, any_object, old_object, namespace_object, usage, budget, cluster,
+                policy_set, object, any_object, old_object, namespace_object, usage, budget, cluster,
                 operation, namespace, user_info, dry_run,
             )  # fmt: skip
         try:
@@ -200,7 +201,6 @@ def evaluate(
 
 def _context(
     policy_set: PolicySet,
-    refs: frozenset[str],  # the root variables the applying policies read
     object: dict[str, Any] | None,  # noqa: A002
     any_object: dict[str, Any],
     old_object: dict[str, Any] | None,
@@ -212,22 +212,24 @@ def _context(
     namespace: str,
     user_info: dict[str, Any] | None,
     dry_run: bool,
-) -> cel.Context:
-    api_version = str(any_object.get("apiVersion", ""))
-    group, _, version = api_version.rpartition("/")
-    request = {
-        "operation": operation,
-        "namespace": namespace,
-        "name": (any_object.get("metadata") or {}).get("name", ""),
-        "kind": {"group": group, "version": version, "kind": any_object.get("kind", "")},
-        "userInfo": user_info or {},
-        "dryRun": dry_run,
-    }
-    builders: dict[str, Any] = {
+) -> _RequestContext:
+    def request() -> dict[str, Any]:
+        api_version = str(any_object.get("apiVersion", ""))
+        group, _, version = api_version.rpartition("/")
+        return {
+            "operation": operation,
+            "namespace": namespace,
+            "name": (any_object.get("metadata") or {}).get("name", ""),
+            "kind": {"group": group, "version": version, "kind": any_object.get("kind", "")},
+            "userInfo": user_info or {},
+            "dryRun": dry_run,
+        }
+
+    builders: dict[str, Callable[[], Any]] = {
         "object": lambda: object,
         "oldObject": lambda: old_object,
         ANY_OBJECT: lambda: any_object,
-        "request": lambda: request,
+        "request": request,
         "namespaceObject": lambda: namespace_object,
         "workload": lambda: workload_view(any_object, namespace_object),
         "usage": lambda: usage_view(usage, namespace),
@@ -236,37 +238,83 @@ def _context(
         PARAMS_BY_POLICY: lambda: policy_set.bindings.get(PARAMS_BY_POLICY, {}),
         PARAMS_OBJECT_BY_POLICY: lambda: policy_set.bindings.get(PARAMS_OBJECT_BY_POLICY, {}),
     }
-    # Converting a value into CEL costs ~1.5 µs per string in it; bind only what some policy reads.
-    return _reused_context(policy_set, {name: build() for name, build in builders.items() if name in refs})
+    return _RequestContext(policy_set, builders)
 
 
 _per_thread = threading.local()  # cel.Context is not thread-safe
 
+#: Variables made from the request itself: they differ from one request to the next, so they are
+#: bound without asking whether they changed (a pickle of the Job object alone was ~5 us).
+_NEW_EACH_REQUEST = frozenset({"object", "oldObject", ANY_OBJECT, "request", "workload"})
 
-def _reused_context(policy_set: PolicySet, variables: dict[str, Any]) -> cel.Context:
-    """One cel.Context per policy set and thread, rebinding only the variables whose value
-    differs from the one bound. Converting the set's params maps, the same for every request,
-    was ~50 of the ~320 µs an evaluation of policies/library took (ADR 0047). Every variable a
-    policy reads is in `variables`, so nothing of an earlier request is read by a later one."""
-    held = getattr(_per_thread, "held", None)
-    if held is None or held[0] is not policy_set:
-        held = (policy_set, cel.Context(functions=functions_for(policy_set.functions)), {})
-        _per_thread.held = held
-    _, context, bound = held
-    changed: dict[str, Any] = {}
-    texts: dict[str, bytes | None] = {}
-    for name, value in variables.items():
-        text = _fingerprint(value)
-        if text is None or bound.get(name) != text:
-            changed[name], texts[name] = value, text
-    if changed:
-        try:
-            context.update(changed)
-        except Exception:
-            bound.clear()  # some of them may be bound: the next request rebinds all
-            raise
-        bound.update(texts)
-    return context
+
+class _RequestContext:
+    """One request's view of the thread's CEL context for its policy set (ADR 0047, 0048).
+
+    A variable is built and bound when the first expression that reads it is about to run, so
+    what only a refusal's message reads (`request` in every policy of policies/library) or
+    what a policy reads after a match condition that did not hold is never converted for a
+    request that passes. Converting a value into CEL costs ~1.5 us per string in it.
+
+    Across requests the CEL context is kept: a variable whose value is the same as the one
+    bound (the set's params maps, a cost center's budget) is not converted again. Every
+    variable an expression reads is made ready for this request before it runs, so nothing of
+    an earlier request is read by a later one."""
+
+    __slots__ = ("context", "_bound", "_builders", "_ready", "_shapes")
+
+    def __init__(self, policy_set: PolicySet, builders: dict[str, Callable[[], Any]]) -> None:
+        held = getattr(_per_thread, "held", None)
+        if held is None or held[0] is not policy_set:
+            held = (policy_set, cel.Context(functions=functions_for(policy_set.functions)), {},
+                    _shapes_read(policy_set))
+            _per_thread.held = held
+        _, self.context, self._bound, self._shapes = held
+        self._builders = builders
+        self._ready: set[str] = set()
+
+    def ready_for(self, expression: Any) -> cel.Context:
+        missing = [name for name in expression.references if name not in self._ready and name in self._builders]
+        if missing:
+            self._bind(missing)
+        return self.context
+
+    def _bind(self, names: list[str]) -> None:
+        changed: dict[str, Any] = {}
+        texts: dict[str, bytes | None] = {}
+        for name in names:
+            value = self._builders[name]()
+            shape = self._shapes.get(name, WHOLE)
+            if shape is not WHOLE:
+                value = cut(value, shape)
+            text = None if name in _NEW_EACH_REQUEST else _fingerprint(value)
+            if text is None or self._bound.get(name) != text:
+                changed[name], texts[name] = value, text
+        if changed:
+            try:
+                self.context.update(changed)
+            except Exception:
+                self._bound.clear()  # some of them may be bound: the next request rebinds all
+                raise
+            self._bound.update(texts)
+        self._ready.update(names)
+
+
+#: Variables bound with only the fields the set's expressions select from them (ADR 0048). The
+#: params maps are not: they are the same for every request and bound once.
+_CUT = frozenset({"object", "oldObject", ANY_OBJECT, "request", "namespaceObject", "workload", "usage", "budget",
+                  "cluster"})
+
+
+def _shapes_read(policy_set: PolicySet) -> dict[str, Any]:
+    """What the set's expressions read of each request variable (services.policy.paths)."""
+    expressions = []
+    for policy in policy_set.policies:
+        expressions += [c.expression for c in policy.match_conditions]
+        expressions += [v.expression for v in policy.variables]
+        for v in policy.validations:
+            expressions += [v.expression] if v.message_expression is None else [v.expression, v.message_expression]
+    return shapes((e.program.source, e.references & _CUT) for e in expressions)
 
 
 def _fingerprint(value: Any) -> bytes | None:
