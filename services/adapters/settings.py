@@ -30,9 +30,14 @@ def _store(url: str) -> str:
 
 def milliseconds_env(name: str, default: int, service: str, meaning_of_zero: str) -> int:
     """Whole milliseconds from environment variable `name`; a clear exit when it is not."""
+    return whole_number_env(name, default, service, meaning_of_zero, unit="whole milliseconds")
+
+
+def whole_number_env(name: str, default: int, service: str, meaning_of_zero: str, unit: str = "a whole number") -> int:
+    """A whole number from environment variable `name`; a clear exit when it is not."""
     text = os.environ.get(name, str(default))
     if not text.strip().isdigit():
-        raise SystemExit(f"{service}: {name}={text!r}: expected whole milliseconds, 0 or more "
+        raise SystemExit(f"{service}: {name}={text!r}: expected {unit}, 0 or more "
                          f"(0: {meaning_of_zero}; default {default})")
     return int(text)
 

@@ -16,17 +16,19 @@ refused and the last good one stays active.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from services.adapters import config_set
 from services.adapters.bus import follow
+from services.adapters.downstream_lag import GroupLag, Pace, follow_lag
 from services.adapters.kueue_config import KueueConfig
 from services.adapters.live_replica import LiveReplica
 from services.adapters.runtime import FETCH_MAX_WAIT_MS, FETCH_MIN_BYTES, Output, ServiceRuntime
-from services.adapters.settings import Settings, milliseconds_env
+from services.adapters.settings import Settings, milliseconds_env, whole_number_env
 from services.admission import translate
 from services.admission.cohort_stream import cohort_stream_outputs
 from services.admission.fact_lane import FactLane, run_forever
@@ -93,8 +95,45 @@ def decide(submitted: WorkloadSubmitted, cause: Envelope) -> list[Output]:
     return [out(translate.validated(submitted, cluster_queue, cohort, decision.warnings), key)]
 
 
+# Submissions wait while the queue-manager is more than this many records behind on qm.workloads
+# (ADR 0049): a burst judged faster than it can decide waits in its pending sets, ahead of the
+# finishes that free quota, and it falls further behind. 0 never waits.
+MAX_QUEUE_MANAGER_LAG = whole_number_env("QM_ADMISSION_MAX_QM_LAG", 300, "admission",
+                                         "judge as fast as submissions come")
+LAG_READ_EVERY_S = 0.25
+QUEUE_MANAGER_GROUP = dataclasses.replace(settings, service="queue-manager").app_id
+pace = Pace(MAX_QUEUE_MANAGER_LAG)
+PACED = Gauge("qm_admission_paced", "1 while admission waits for the queue-manager to catch up (ADR 0049)")
+PACED.set_function(lambda: int(pace.paused))
+Gauge("qm_admission_queue_manager_lag_records",
+      "Records of qm.workloads the queue-manager has not committed, as admission last read them "
+      "(-1: not known)").set_function(lambda: -1 if pace.behind is None else pace.behind)
+
+
+def _pace_changed(p: Pace) -> None:
+    if p.paused:
+        runtime.log.info("waiting for the queue-manager to catch up",
+                         detail=f"{p.behind} records behind on qm.workloads (QM_ADMISSION_MAX_QM_LAG={p.max_behind})")
+    else:
+        runtime.log.info("queue-manager caught up; judging again",
+                         detail=f"{'unknown' if p.behind is None else p.behind} records behind")
+
+
+@runtime.app.task
+async def pace_by_the_queue_manager() -> None:
+    if MAX_QUEUE_MANAGER_LAG == 0:
+        return
+    lag = GroupLag(settings.kafka_bootstrap, QUEUE_MANAGER_GROUP, settings.topic("qm.workloads"))
+    await lag.start()
+    try:
+        await follow_lag(lag.records_behind, pace, LAG_READ_EVERY_S, _pace_changed)
+    finally:
+        await lag.stop()
+
+
 async def on_submitted(envelope: Envelope, event) -> None:
     await replica.caught_up.wait()  # never judge against an empty replica
+    await pace.wait()  # nor add to a queue-manager that is behind (ADR 0049)
     if replica.namespace(envelope.payload.namespace) is None:
         # Its Namespace, published before it on another partition, may not have reached the
         # replica yet: without this wait a workload in a namespace created a moment before was
@@ -149,6 +188,9 @@ async def live_state(web, request):
         # the facts' own consumer (ADR 0026): not joined, or unroutable rising, is worth a look
         "factLane": {"joined": fact_lane.joined.is_set(), "recordsForwarded": fact_lane.forwarded,
                      "unroutable": fact_lane.unroutable},
+        # paused: submissions wait for the queue-manager to catch up (ADR 0049)
+        "pace": {"paused": pace.paused, "queueManagerRecordsBehind": pace.behind, "max": pace.max_behind,
+                 "pauses": pace.pauses},
         "namespace": namespace_object,
         "usage": replica.usage(namespace),
         "budget": replica.budget(cost_center_of({}, namespace_object)) if namespace_object else None,

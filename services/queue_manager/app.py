@@ -54,7 +54,10 @@ DECISION_SECONDS = Histogram(
 OBSERVE_EVERY_S = 1.0  # gauges walk a cohort's whole state: once a second for the cohorts that changed
 
 settings = Settings.from_env("queue-manager")
-runtime = ServiceRuntime(settings)
+# Its committed offsets on qm.workloads are how far behind it is, and admission waits while that
+# is too far (ADR 0049): committed every 0.25 s, not faust's 2.8 s, the reading is that fresh.
+COMMIT_INTERVAL_S = 0.25
+runtime = ServiceRuntime(settings, broker_commit_interval=COMMIT_INTERVAL_S)
 config_dir = Path(os.environ.get("QM_CONFIG_DIR", "examples/seed"))
 config = KueueConfig.load(config_dir)
 objects = config.objects

@@ -1,0 +1,48 @@
+"""GroupLag on the real broker (ADR 0049): the records of a topic a consumer group has not
+committed, summed over partitions, and None for a group that has committed nothing there."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.structs import OffsetAndMetadata
+
+from services.adapters.downstream_lag import GroupLag
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+
+async def test_the_lag_is_what_the_group_has_not_committed(kafka_bootstrap, topic_prefix):
+    topic = f"{topic_prefix}qm.workloads"
+    group = f"qm-queue-manager-{uuid.uuid4().hex[:8]}"
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    try:
+        for n in range(30):
+            await producer.send_and_wait(topic, b"{}", key=b"cohort", partition=n % 2)
+    finally:
+        await producer.stop()
+    lag = GroupLag(kafka_bootstrap, group, topic)
+    await lag.start()
+    try:
+        assert await lag.records_behind() is None  # nothing committed yet: not known
+        member = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=group, enable_auto_commit=False)
+        await member.start()
+        try:
+            member.assign([TopicPartition(topic, 0), TopicPartition(topic, 1)])
+            await member.commit({TopicPartition(topic, 0): OffsetAndMetadata(10, ""),
+                                 TopicPartition(topic, 1): OffsetAndMetadata(15, "")})
+        finally:
+            await member.stop()
+        assert await lag.records_behind() == (15 - 10) + (15 - 15)
+        # another topic's commits are not this topic's lag
+        other = GroupLag(kafka_bootstrap, group, f"{topic_prefix}qm.cluster")
+        await other.start()
+        try:
+            assert await other.records_behind() is None
+        finally:
+            await other.stop()
+    finally:
+        await lag.stop()
