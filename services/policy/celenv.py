@@ -32,6 +32,7 @@ from typing import Any
 import cel
 from cel import stdlib as _stdlib
 
+from services.policy.paths import split_literals
 from services.policy.quantity import canonical, parse_quantity, quantity_milli
 
 # --- quantity library ------------------------------------------------------------
@@ -248,24 +249,7 @@ def rewrite(source: str, key: str | None = None, inline: dict[str, str] | None =
     inline = inline or {}
     if "variables" not in source and not (key and "params" in source):
         return source
-    out: list[str] = []
-    i, n = 0, len(source)
-    start = 0
-    while i < n:
-        c = source[i]
-        if c in "\"'":
-            out.append(_rewrite_code(source[start:i], key, inline))
-            quote = source[i : i + 3] if source[i : i + 3] in ('"""', "'''") else c
-            j = i + len(quote)
-            while j < n and source[j : j + len(quote)] != quote:
-                j += 2 if source[j] == "\\" else 1
-            j = min(n, j + len(quote))
-            out.append(source[i:j])
-            i = start = j
-            continue
-        i += 1
-    out.append(_rewrite_code(source[start:], key, inline))
-    return "".join(out)
+    return "".join(text if literal else _rewrite_code(text, key, inline) for literal, text in split_literals(source))
 
 
 def functions_for(names: Iterable[str]) -> dict[str, Callable[..., Any]]:

@@ -31,23 +31,26 @@ _CHAIN = re.compile(r"(?:\s*\.\s*[A-Za-z_]\w*)*")
 _FIELD = re.compile(r"[A-Za-z_]\w*")
 
 
-def _code_parts(source: str) -> list[str]:
-    """The source outside its string literals ('...', "...", triple-quoted, raw or not)."""
-    parts: list[str] = []
+def split_literals(source: str) -> list[tuple[bool, str]]:
+    """The source as (is a string literal, text) parts, in order: '...', "...", triple-quoted,
+    raw or not. Joined, the texts are the source again."""
+    parts: list[tuple[bool, str]] = []
     i = start = 0
     n = len(source)
     while i < n:
         c = source[i]
         if c in "\"'":
-            parts.append(source[start:i])
+            parts.append((False, source[start:i]))
             quote = source[i : i + 3] if source[i : i + 3] in ('"""', "'''") else c
             j = i + len(quote)
             while j < n and source[j : j + len(quote)] != quote:
                 j += 2 if source[j] == "\\" else 1
-            i = start = min(n, j + len(quote))
+            j = min(n, j + len(quote))
+            parts.append((True, source[i:j]))
+            i = start = j
             continue
         i += 1
-    parts.append(source[start:])
+    parts.append((False, source[start:]))
     return parts
 
 
@@ -69,7 +72,7 @@ def _read(source: str, names: frozenset[str]) -> dict[str, Any]:
         return dict.fromkeys(names, WHOLE)
     root = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")\b")
     out: dict[str, Any] = {}
-    for code in _code_parts(source):
+    for code in (text for literal, text in split_literals(source) if not literal):
         for match in root.finditer(code):
             chain = _CHAIN.match(code, match.end())
             assert chain is not None  # zero selections match too

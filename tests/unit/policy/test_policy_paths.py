@@ -5,7 +5,7 @@ import pytest
 from policy_builders import make_job, make_namespace, policy_set
 
 from services.policy import evaluate
-from services.policy.paths import PRESENT, WHOLE, cut, shapes
+from services.policy.paths import PRESENT, WHOLE, cut, shapes, split_literals
 
 
 def read(source: str, *names: str):
@@ -114,3 +114,18 @@ spec:
     assert evaluate(ps, make_job("b", "team-b").parallelism(1).obj()).allowed
     assert evaluate(ps, make_job("c", "team-c").parallelism(9).obj(), make_namespace("team-c")).message == (
         "[small] job c in team-c asks for too many pods")
+
+
+@pytest.mark.parametrize(
+    "source, literals",
+    [
+        ("a == 'x' && b == \"y\"", ["'x'", '"y"']),
+        ("'''it's''' + \"\\\"q\\\"\"", ["'''it's'''", '"\\"q\\""']),
+        ("no literal at all", []),
+        ("'unterminated", ["'unterminated"]),
+    ],
+)
+def test_a_source_splits_into_code_and_string_literals_and_joins_back(source, literals):
+    parts = split_literals(source)
+    assert "".join(text for _, text in parts) == source
+    assert [text for literal, text in parts if literal] == literals
