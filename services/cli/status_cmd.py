@@ -12,10 +12,29 @@ from rich.console import Console
 from rich.table import Table
 
 from services.adapters.bus import BrokerUnavailable
+from services.adapters.downstream_lag import GroupLag
 from services.cli.explain_cmd import read_all
 from services.explain.status import Status, gpus, status, usage_gpus
 
 TOPICS = ("qm.workloads", "qm.cluster", "qm.usage", "qm.budgets")
+
+
+async def queue_manager_behind(bootstrap: str, prefix: str, app_id_suffix: str) -> int | None:
+    """Records of qm.workloads the queue-manager's group has not committed (None: no commits)."""
+    lag = GroupLag(bootstrap, f"qm-queue-manager{app_id_suffix}", f"{prefix}qm.workloads")
+    await lag.start()
+    try:
+        return await lag.records_behind()
+    finally:
+        await lag.stop()
+
+
+def render_lag(behind: int | None, console: Console) -> None:
+    if behind is None:
+        console.print("queue-manager: no commits on qm.workloads yet (not started, or another QM_APP_ID_SUFFIX)")
+        return
+    console.print(f"queue-manager: {behind} record(s) of qm.workloads not read yet; admission holds new "
+                  "submissions while that is over QM_ADMISSION_MAX_QM_LAG (300 unless set; ADR 0049)")
 
 
 def render(s: Status, console: Console) -> None:
@@ -50,18 +69,24 @@ def status_command(
         "QM_TOPIC_PREFIX", ""
     ),
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    app_id_suffix: Annotated[str, typer.Option(
+        "--app-id-suffix", help="The services' QM_APP_ID_SUFFIX: names the queue-manager's consumer group."
+    )] = os.environ.get("QM_APP_ID_SUFFIX", ""),
 ) -> None:
-    """Queues, usage and budgets at a glance."""
+    """Queues, usage and budgets at a glance, and how far behind the queue-manager is."""
     try:
         envelopes = asyncio.run(read_all(bootstrap, prefix, TOPICS))
+        behind = asyncio.run(queue_manager_behind(bootstrap, prefix, app_id_suffix))
     except BrokerUnavailable as error:
         typer.echo(f"qm status: {error}", err=True)
         raise typer.Exit(2) from None
     result = status(envelopes)
     if as_json:
-        typer.echo(json.dumps(result.to_dict(), indent=2))
+        typer.echo(json.dumps({**result.to_dict(), "queueManagerRecordsBehind": behind}, indent=2))
     else:
-        render(result, Console())
+        console = Console()
+        render(result, console)
+        render_lag(behind, console)
 
 
 def register(app: typer.Typer) -> None:
