@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.contracts.codec import Envelope
-from services.explain import GPU, _ordered, quota_holders
+from services.explain import GPU, _ordered, holders_by_cluster_queue
 
 __all__ = ["Status", "status"]
 
@@ -55,11 +55,10 @@ def status(envelopes: Iterable[Envelope]) -> Status:
         row = out.queues.setdefault(cq, {"pending": 0, "reserved": 0, "running": 0, "gpu_reserved": 0, "gpu_running": 0})
         if e.event_type in ("workload.pending.v1", "workload.validated.v1", "workload.requeued.v1"):
             row["pending"] += 1
+    holders = holders_by_cluster_queue(trail)
     for cq in list(out.queues) + sorted({h for h in cq_of.values()} - set(out.queues)):
         row = out.queues.setdefault(cq, {"pending": 0, "reserved": 0, "running": 0, "gpu_reserved": 0, "gpu_running": 0})
-        for h in quota_holders(trail, cluster_queue=cq):
-            if not h.same_cluster_queue:
-                continue
+        for h in holders.get(cq, ()):
             key = "running" if h.running else "reserved"
             row[key] += 1
             row[f"gpu_{key}"] += h.gpu_milli
