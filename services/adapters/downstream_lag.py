@@ -71,10 +71,12 @@ class GroupLag:
         await self._consumer.start()
 
     async def stop(self) -> None:
-        for client in (self._consumer, self._admin):
-            if client is not None:
-                with contextlib.suppress(Exception):
-                    await (client.stop() if isinstance(client, AIOKafkaConsumer) else client.close())
+        if self._consumer is not None:
+            with contextlib.suppress(Exception):
+                await self._consumer.stop()
+        if self._admin is not None:
+            with contextlib.suppress(Exception):
+                await self._admin.close()
 
     async def records_behind(self) -> int | None:
         assert self._admin is not None and self._consumer is not None, "start() first"

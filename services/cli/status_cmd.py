@@ -13,6 +13,7 @@ from rich.table import Table
 
 from services.adapters.bus import BrokerUnavailable
 from services.adapters.downstream_lag import GroupLag
+from services.adapters.settings import Settings
 from services.cli.explain_cmd import read_all
 from services.explain.status import Status, gpus, status, usage_gpus
 
@@ -21,7 +22,8 @@ TOPICS = ("qm.workloads", "qm.cluster", "qm.usage", "qm.budgets")
 
 async def queue_manager_behind(bootstrap: str, prefix: str, app_id_suffix: str) -> int | None:
     """Records of qm.workloads the queue-manager's group has not committed (None: no commits)."""
-    lag = GroupLag(bootstrap, f"qm-queue-manager{app_id_suffix}", f"{prefix}qm.workloads")
+    group = Settings(service="queue-manager", app_id_suffix=app_id_suffix).app_id
+    lag = GroupLag(bootstrap, group, f"{prefix}qm.workloads")
     await lag.start()
     try:
         return await lag.records_behind()
