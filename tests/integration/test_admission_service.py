@@ -275,31 +275,15 @@ async def test_pod_facts_do_not_wait_behind_a_burst_of_submissions(kafka_bootstr
 async def test_submissions_wait_while_the_queue_manager_is_behind(kafka_bootstrap, topic_prefix, tmp_path):
     """ADR 0049: with the queue-manager's group 20 records behind on qm.workloads and at most 5
     allowed, a submission is not judged; once the group commits the end, it is."""
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-    from aiokafka.structs import OffsetAndMetadata
+    from aiokafka import TopicPartition
+
+    from tests.integration.group_offsets import append, commit, queue_manager_group
 
     env = {**admission_env(topic_prefix, tmp_path), "QM_ADMISSION_MAX_QM_LAG": "5"}
-    queue_manager_group = f"qm-queue-manager{env['QM_APP_ID_SUFFIX']}"
+    group = queue_manager_group(env["QM_APP_ID_SUFFIX"])
     backlog = TopicPartition(f"{topic_prefix}qm.workloads", 0)
-
-    async def queue_manager_commits(offset: int) -> None:
-        member = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=queue_manager_group,
-                                  enable_auto_commit=False)
-        await member.start()
-        try:
-            member.assign([backlog])
-            await member.commit({backlog: OffsetAndMetadata(offset, "")})
-        finally:
-            await member.stop()
-
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
-    await producer.start()
-    try:
-        for _ in range(20):  # what the queue-manager has not read yet (nobody decodes it here)
-            await producer.send_and_wait(backlog.topic, b"[]", key=b"elsewhere", partition=0)
-    finally:
-        await producer.stop()
-    await queue_manager_commits(0)
+    await append(kafka_bootstrap, backlog.topic, 20)  # what the queue-manager has not read yet
+    await commit(kafka_bootstrap, group, {backlog: 0})
     await publish_the_namespace(kafka_bootstrap, topic_prefix)
     worker = start_worker("services.admission", env, tmp_path / "admission.log")
     try:
@@ -323,7 +307,7 @@ async def test_submissions_wait_while_the_queue_manager_is_behind(kafka_bootstra
 
         with pytest.raises(AssertionError):
             await wait_for(judged, 3, "no verdict while the queue-manager is behind")
-        await queue_manager_commits(20)
+        await commit(kafka_bootstrap, group, {backlog: 20})
         await wait_for(judged, 30, "the verdict once the queue-manager caught up")
         assert not pace()["paused"] and pace()["pauses"] == 1
     finally:

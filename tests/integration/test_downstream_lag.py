@@ -6,36 +6,23 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.structs import OffsetAndMetadata
+from aiokafka import TopicPartition
 
 from services.adapters.downstream_lag import GroupLag
+from tests.integration.group_offsets import append, commit, queue_manager_group
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 
 async def test_the_lag_is_what_the_group_has_not_committed(kafka_bootstrap, topic_prefix):
     topic = f"{topic_prefix}qm.workloads"
-    group = f"qm-queue-manager-{uuid.uuid4().hex[:8]}"
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
-    await producer.start()
-    try:
-        for n in range(30):
-            await producer.send_and_wait(topic, b"{}", key=b"cohort", partition=n % 2)
-    finally:
-        await producer.stop()
+    group = queue_manager_group(f"-{uuid.uuid4().hex[:8]}")
+    await append(kafka_bootstrap, topic, 30, partitions=2)
     lag = GroupLag(kafka_bootstrap, group, topic)
     await lag.start()
     try:
         assert await lag.records_behind() is None  # nothing committed yet: not known
-        member = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=group, enable_auto_commit=False)
-        await member.start()
-        try:
-            member.assign([TopicPartition(topic, 0), TopicPartition(topic, 1)])
-            await member.commit({TopicPartition(topic, 0): OffsetAndMetadata(10, ""),
-                                 TopicPartition(topic, 1): OffsetAndMetadata(15, "")})
-        finally:
-            await member.stop()
+        await commit(kafka_bootstrap, group, {TopicPartition(topic, 0): 10, TopicPartition(topic, 1): 15})
         assert await lag.records_behind() == (15 - 10) + (15 - 15)
         # another topic's commits are not this topic's lag
         other = GroupLag(kafka_bootstrap, group, f"{topic_prefix}qm.cluster")
@@ -69,21 +56,8 @@ def test_qm_status_says_how_far_behind_the_queue_manager_is(kafka_bootstrap, top
     topic = f"{topic_prefix}qm.workloads"
 
     async def queue_manager_read_two_of_five() -> None:
-        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
-        await producer.start()
-        try:
-            for _ in range(5):
-                await producer.send_and_wait(topic, b"[]", key=b"cohort", partition=0)
-        finally:
-            await producer.stop()
-        member = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=f"qm-queue-manager{suffix}",
-                                  enable_auto_commit=False)
-        await member.start()
-        try:
-            member.assign([TopicPartition(topic, 0)])
-            await member.commit({TopicPartition(topic, 0): OffsetAndMetadata(2, "")})
-        finally:
-            await member.stop()
+        await append(kafka_bootstrap, topic, 5)
+        await commit(kafka_bootstrap, queue_manager_group(suffix), {TopicPartition(topic, 0): 2})
 
     runner = CliRunner()
     args = ["status", "--json", "--bootstrap", kafka_bootstrap, "--prefix", topic_prefix, "--app-id-suffix", suffix]
