@@ -15,6 +15,7 @@ JSON-able dict so it can live in a faust table:
     due       the event time of the first change since then that waits for it (ADR 0016)
     preemptors  uid -> True for the waiting workloads whose last judgement was "preempting":
               an arrival is judged with them (ADR 0039)
+    usage_due   namespace -> True: usage changed while `draining`, said when it returns (ADR 0050)
 """
 
 from __future__ import annotations
@@ -138,13 +139,21 @@ def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, l
         ctx = dataclasses.replace(ctx, objects=_effective_objects(configured, state["limits"]))
     previous_now = state["now"]
     state["now"] = max(state["now"], epoch(envelope.occurred_at))
-    only: list[str] | None = None  # None: every pending workload of the cohort may now fit
     outputs: list[Output] = []
     emit = _Emitter(envelope, outputs, state["now"], ctx)
+    # a change while the cohort's drain_due is on its way (not that drain_due, nor a tick)
+    in_window = "draining" in state and not isinstance(payload, DrainDue | ClockTick)
+    _step(state, payload, ctx, configured, previous_now, emit)
+    _say_usage(state, emit, in_window)
+    return state, outputs
 
+
+def _step(state: dict, payload: Any, ctx: Context, configured: Objects, previous_now: float,
+          emit: _Emitter) -> None:
+    only: list[str] | None = None  # None: every pending workload of the cohort may now fit
     if isinstance(payload, WorkloadValidated):
         if payload.uid in state["admitted"] or payload.uid in state["pending"]:
-            return state, outputs  # re-validated after a resubmission: already known
+            return  # re-validated after a resubmission: already known
         _enqueue(state, ctx, {
             "uid": payload.uid,
             "namespace": payload.namespace,
@@ -161,7 +170,7 @@ def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, l
             "attempts": 0,
         })
         if "due" in state:
-            return state, outputs  # the coming drain judges it in its place among the waiting
+            return  # the coming drain judges it in its place among the waiting
         # An arrival frees no quota, so under BestEffortFIFO only the newcomer can newly fit;
         # under StrictFIFO it may have to queue behind its ClusterQueue's head. It is judged
         # with the waiting preemptors: Kueue holds a preemptor's quota in every cycle it is
@@ -183,14 +192,14 @@ def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, l
             nodes[payload.node] = {"flavor": payload.flavor, "gpu": (payload.allocatable or {}).get(GPU, 0)}
     elif isinstance(payload, PodRunning | PodFinished):
         _track_pod(state, payload)
-        return state, outputs
+        return
     elif isinstance(payload, WorkloadRunning):
         entry = state["admitted"].get(payload.uid)
         if entry is None or entry["running_at"] is not None:
-            return state, outputs
+            return
         _mark_running(state, ctx, entry, epoch(payload.started_at))
-        emit.usage(state, {entry["namespace"]})
-        return state, outputs
+        emit.usage_changed({entry["namespace"]})
+        return
     elif isinstance(payload, WorkloadFinished):
         entry = _unadmit(state, ctx, payload.uid)
         _dequeue(state, ctx, payload.uid)
@@ -198,40 +207,58 @@ def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, l
         state.get("blocked", {}).pop(payload.uid, None)
         state["expiries"].pop(payload.uid, None)
         if entry is None:
-            return state, outputs
+            return
         emit.released(entry, "Finished", epoch(payload.finished_at))
-        emit.usage(state, {entry["namespace"]})
+        emit.usage_changed({entry["namespace"]})
     elif isinstance(payload, ClockTick):
         expired = _expire_idle_reservations(state, ctx, emit)
         expired = _clean_up_zombies(state, ctx, emit) or expired
         woke = any(previous_now < w["eligible_at"] <= state["now"] for w in state["pending"].values())
         if not expired and not woke and "due" not in state:
-            return state, outputs  # time passed, nothing that decides changed
+            return  # time passed, nothing that decides changed
         # A tick drains at once, and closes the window: a drain_due that got lost (or is
         # late) cannot keep the cohort's changes waiting for longer than one tick.
         state.pop("draining", None)
         state.pop("due", None)
         _drain(state, ctx, emit)
-        return state, outputs
+        return
     elif isinstance(payload, DrainDue):
         state.pop("draining", None)
         if state.pop("due", None) is None:
-            return state, outputs  # nothing waited: the window closes
+            return  # nothing waited: the window closes
     elif isinstance(payload, PreemptionVictimsSelected):
         if not _apply_preemption(state, payload, ctx, emit):
-            return state, outputs
+            return
     elif isinstance(payload, ClusterSignals):
         if not _apply_quota_rules(state, payload, configured, ctx, emit):
-            return state, outputs  # no limit rose: nothing waiting can newly fit
+            return  # no limit rose: nothing waiting can newly fit
         ctx = dataclasses.replace(ctx, objects=_effective_objects(configured, state.get("limits") or {}))
     else:
-        return state, outputs  # our own outputs and other services' events on qm.workloads
+        return  # our own outputs and other services' events on qm.workloads
 
     if only is not None:
         _drain(state, ctx, emit, only=only)
     else:
         _drain_all(state, ctx, emit)
-    return state, outputs
+
+
+def _say_usage(state: dict, emit: _Emitter, in_window: bool) -> None:
+    """Publish the usage of the namespaces the event changed, or keep them for the round trip
+    (ADR 0050). A change in a drain window waits in `usage_due`; the drain_due's return (or a
+    tick, if it is lost) says each namespace kept once, with its usage of that moment. A busy
+    cohort so says a namespace's usage about once per round trip of its own stream, not at
+    every reservation, start and release; a quiet cohort says it at once, as it drains."""
+    changed = emit.namespaces_changed
+    if in_window:
+        if changed:
+            due = state.setdefault("usage_due", {})  # namespace -> True (JSON has no sets)
+            due.update(dict.fromkeys(changed, True))
+        return
+    due = state.pop("usage_due", None)
+    if due:
+        changed = changed | due.keys()
+    if changed:
+        emit.publish_usage(state, changed)
 
 
 def _drain_all(state: dict, ctx: Context, emit: _Emitter) -> None:
@@ -312,7 +339,7 @@ def _apply_quota_rules(state: dict, signals: ClusterSignals, configured: Objects
         state.pop("limits", None)
     holders = {e["namespace"] for e in state["admitted"].values() if e["cluster_queue"] in changed_queues}
     if holders:
-        emit.usage(state, holders)
+        emit.usage_changed(holders)
     return rose
 
 
@@ -381,7 +408,7 @@ def _expire_idle_reservations(state: dict, ctx: Context, emit: _Emitter) -> bool
             continue
         _requeue(state, ctx, emit, entry, "PodsReadyTimeout", attempt=expiries, at=expired_at)
     if touched:
-        emit.usage(state, touched)
+        emit.usage_changed(touched)
     return bool(touched)
 
 
@@ -432,7 +459,7 @@ def _clean_up_zombies(state: dict, ctx: Context, emit: _Emitter) -> bool:
             reason=f"pods gone since {iso(gone)} without the workload finishing; quota released after "
                    f"{ctx.zombie_ttl_s:.0f}s"), identity=(uid, entry["reserved_at"], entry.get("attempt", 0), "cleanup"))
     if touched:
-        emit.usage(state, touched)
+        emit.usage_changed(touched)
     return bool(touched)
 
 
@@ -489,7 +516,7 @@ def _evict_victims(state: dict, answer: PreemptionVictimsSelected, ctx: Context,
         state["said"].pop(entry["uid"], None)
         _requeue(state, ctx, emit, entry, "Preempted", attempt=entry["workload"].get("attempts", 0) + 1, at=now)
     if touched:
-        emit.usage(state, touched)
+        emit.usage_changed(touched)
     return bool(touched)
 
 
@@ -784,7 +811,7 @@ def _drain(state: dict, ctx: Context, emit: _Emitter, only: list[str] | None = N
         emit.preemption_needed(state, workload, decision, snapshot.root_name(decision.cluster_queue),
                                could_be_victim(snapshot, decision.cluster_queue, workload["priority"]))
     if touched:
-        emit.usage(state, touched)
+        emit.usage_changed(touched)
 
 
 def _worth_judging(snapshot: Any, pending_index: _PendingIndex, pending: dict, now: float) -> list[dict]:
@@ -1048,6 +1075,7 @@ class _Emitter:
         self.outputs = outputs
         self.now = now
         self.ctx = ctx
+        self.namespaces_changed: set[str] = set()  # namespaces whose usage this event moved
 
     def add(self, topic: str, key: str, payload: Any, identity: tuple, *, latest_only: bool = False) -> None:
         envelope = make_envelope(
@@ -1144,7 +1172,11 @@ class _Emitter:
             identity=(entry["uid"], entry["reserved_at"], entry.get("attempt", 0), "released"),
         )
 
-    def usage(self, state: dict, namespaces: set[str]) -> None:
+    def usage_changed(self, namespaces: Iterable[str]) -> None:
+        """These namespaces' usage moved: `_say_usage` publishes it once the event is folded."""
+        self.namespaces_changed.update(namespaces)
+
+    def publish_usage(self, state: dict, namespaces: Iterable[str]) -> None:
         """Per-namespace usage in this cohort, reserved (not yet running) and running, by flavor."""
         for namespace in sorted(namespaces):
             reserved, running, total = _namespace_usage(state, self.ctx, namespace)

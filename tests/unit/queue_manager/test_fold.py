@@ -77,7 +77,10 @@ def test_finish_releases_quota_and_admits_what_now_fits_in_the_same_event():
                          finished_at="2026-11-29T11:00:00Z"),
         producer="test", occurred_at="2026-11-29T11:00:00Z")
     state, outputs = run([finished], state)
-    assert types(outputs)[:3] == ["workload.released.v1", "usage.snapshot.v1", "workload.quota_reserved.v1"]
+    # one usage record for the namespace, after both changes: the release and the reservation
+    assert types(outputs) == ["workload.released.v1", "workload.quota_reserved.v1", "action.admit.v1",
+                              "usage.snapshot.v1"]
+    assert outputs[-1].envelope.payload.reserved == {"a100-flavor": {"nvidia.com/gpu": 16000}}
     assert set(state["admitted"]) == {"uid-train-16"}
 
 
