@@ -1181,12 +1181,12 @@ class _Emitter:
         for namespace in sorted(namespaces):
             reserved, running, total = _namespace_usage(state, self.ctx, namespace)
             limits = _namespace_limits(state, self.ctx, namespace)
-            digest = repr((sorted(reserved.items()), sorted(running.items()), limits))
             self.add(
                 "qm.usage",
                 namespace,
                 UsageSnapshot(namespace=namespace, reserved=reserved, running=running, total=total, as_of=iso(self.now),
                               effective_borrowing_limits=limits),
-                identity=(namespace, self.cause.event_id, digest),
+                # an event says a namespace once (ADR 0050): its id and the namespace name the record
+                identity=(namespace, self.cause.event_id, "usage"),
                 latest_only=True,  # a later change in the same batch supersedes it (ADR 0024)
             )
