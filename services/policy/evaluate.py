@@ -153,20 +153,20 @@ def evaluate(
     else:
         namespace = meta.get("namespace") or ((namespace_object or {}).get("metadata") or {}).get("name", "")
     # First which policies apply (or cannot be matched), then one context with what those read.
-    applying: list[tuple[Policy, str, MatchError | None]] = []
-    for policy in policy_set.policies:
+    applying: list[tuple[int, Policy, str, MatchError | None]] = []
+    for index, policy in enumerate(policy_set.policies):
         action = policy.action_for(namespace, enforcement_point)
         if action is None:
             continue
         try:
             if matches(policy.match, any_object, namespace_object, operation):
-                applying.append((policy, action, None))
+                applying.append((index, policy, action, None))
         except MatchError as e:
-            applying.append((policy, action, e))
+            applying.append((index, policy, action, e))
     ctx: _RequestContext | None = None
     violations: list[Violation] = []
     errors: list[str] = []
-    for policy, action, match_error in applying:
+    for index, policy, action, match_error in applying:
         if match_error is not None:
             if policy.fail_closed:
                 violations.append(Violation(policy.name, action, f"cannot match: {match_error}", policy.kind))
@@ -178,6 +178,9 @@ def evaluate(
                 policy_set, object, any_object, old_object, namespace_object, usage, budget, cluster,
                 operation, namespace, user_info, dry_run,
             )  # fmt: skip
+        key = ctx.verdict_key(index)
+        if key is not None and key in ctx.passes:
+            continue  # this policy passed a request that read the same (ADR 0051)
         try:
             messages = _evaluate_policy(policy, ctx)
         except _EvalError as e:
@@ -188,6 +191,8 @@ def evaluate(
             else:
                 errors.append(f"[{policy.name}] {e}")
             continue
+        if not messages and key is not None:
+            ctx.remember_pass(key)
         violations.extend(Violation(policy.name, action, m, policy.kind) for m in messages)
     if not violations and not errors:
         return ALLOWED
@@ -249,7 +254,7 @@ _NEW_EACH_REQUEST = frozenset({"object", "oldObject", ANY_OBJECT, "request", "wo
 
 
 class _RequestContext:
-    """One request's view of the thread's CEL context for its policy set (ADR 0047, 0048).
+    """One request's view of the thread's CEL context for its policy set (ADR 0047, 0048, 0051).
 
     A variable is built and bound when the first expression that reads it is about to run, so
     what only a refusal's message reads (`request` in every policy of policies/library) or
@@ -259,19 +264,26 @@ class _RequestContext:
     Across requests the CEL context is kept: a variable whose value is the same as the one
     bound (the set's params maps, a cost center's budget) is not converted again. Every
     variable an expression reads is made ready for this request before it runs, so nothing of
-    an earlier request is read by a later one."""
+    an earlier request is read by a later one.
 
-    __slots__ = ("context", "_bound", "_builders", "_ready", "_shapes")
+    A policy's verdict is a function of what its deciding expressions read (CEL has no clock
+    and no I/O; the set's params are constant): `verdict_key` names that, and `passes` holds
+    the keys the set's policies passed with, so a request that reads the same is not evaluated
+    again (ADR 0051)."""
+
+    __slots__ = ("context", "passes", "_bound", "_builders", "_held", "_ready", "_values", "_texts")
 
     def __init__(self, policy_set: PolicySet, builders: dict[str, Callable[[], Any]]) -> None:
         held = getattr(_per_thread, "held", None)
-        if held is None or held[0] is not policy_set:
-            held = (policy_set, cel.Context(functions=functions_for(policy_set.functions)), {},
-                    _shapes_read(policy_set))
+        if held is None or held.policy_set is not policy_set:
+            held = _Held(policy_set)
             _per_thread.held = held
-        _, self.context, self._bound, self._shapes = held
+        self._held = held
+        self.context, self._bound, self.passes = held.context, held.bound, held.passes
         self._builders = builders
         self._ready: set[str] = set()
+        self._values: dict[str, Any] = {}  # name -> the request's value, built once
+        self._texts: dict[str, bytes | None] = {}  # name -> the fingerprint of what decisions read
 
     def ready_for(self, expression: Any) -> cel.Context:
         missing = [name for name in expression.references if name not in self._ready and name in self._builders]
@@ -279,12 +291,34 @@ class _RequestContext:
             self._bind(missing)
         return self.context
 
+    def _value(self, name: str) -> Any:
+        if name not in self._values:
+            self._values[name] = self._builders[name]()
+        return self._values[name]
+
+    def verdict_key(self, index: int) -> tuple | None:
+        """(policy, what its deciding expressions read of each request variable), or None when
+        some of it has no fingerprint (it is then evaluated every time)."""
+        key: list[Any] = [index]
+        for name in self._held.decided_by[index]:
+            if name not in self._texts:
+                self._texts[name] = _fingerprint(cut(self._value(name), self._held.decision_shapes.get(name, WHOLE)))
+            if self._texts[name] is None:
+                return None
+            key.append(self._texts[name])
+        return tuple(key)
+
+    def remember_pass(self, key: tuple) -> None:
+        if len(self.passes) >= MAX_REMEMBERED_PASSES:
+            self.passes.clear()  # simple and rare: the next requests fill it again
+        self.passes.add(key)
+
     def _bind(self, names: list[str]) -> None:
         changed: dict[str, Any] = {}
         texts: dict[str, bytes | None] = {}
         for name in names:
-            value = self._builders[name]()
-            shape = self._shapes.get(name, WHOLE)
+            value = self._value(name)
+            shape = self._held.shapes.get(name, WHOLE)
             if shape is not WHOLE:
                 value = cut(value, shape)
             text = None if name in _NEW_EACH_REQUEST else _fingerprint(value)
@@ -300,20 +334,53 @@ class _RequestContext:
         self._ready.update(names)
 
 
+#: Passing verdicts remembered per policy set and thread (ADR 0051): each key is a few hundred
+#: bytes, so this is tens of MiB at most.
+MAX_REMEMBERED_PASSES = 50_000
+
+
+class _Held:
+    """What a thread keeps for its policy set between requests."""
+
+    __slots__ = ("policy_set", "context", "bound", "passes", "shapes", "decision_shapes", "decided_by")
+
+    def __init__(self, policy_set: PolicySet) -> None:
+        self.policy_set = policy_set
+        self.context = cel.Context(functions=functions_for(policy_set.functions))
+        self.bound: dict[str, bytes | None] = {}  # name -> fingerprint of the value bound
+        self.passes: set[tuple] = set()
+        self.shapes = _shapes_read(policy_set)
+        self.decision_shapes = _shapes_read(policy_set, messages=False)
+        # policy index -> the request variables its match conditions, variables and
+        # validations read (its messages do not decide); the set's params maps are constant
+        self.decided_by = [tuple(sorted(set().union(*(e.references for e in _deciding(policy))) & _KEYED))
+                           for policy in policy_set.policies]
+
+
 #: Variables bound with only the fields the set's expressions select from them (ADR 0048). The
 #: params maps are not: they are the same for every request and bound once.
 _CUT = frozenset({"object", "oldObject", ANY_OBJECT, "request", "namespaceObject", "workload", "usage", "budget",
                   "cluster"})
 
 
-def _shapes_read(policy_set: PolicySet) -> dict[str, Any]:
-    """What the set's expressions read of each request variable (services.policy.paths)."""
+#: The variables a verdict is keyed by: the request's own, not the set's constant params maps.
+_KEYED = _CUT
+
+
+def _deciding(policy: Policy) -> list[Any]:
+    """The expressions whose results decide a policy's verdict (its messages only word it)."""
+    return ([c.expression for c in policy.match_conditions] + [v.expression for v in policy.variables]
+            + [v.expression for v in policy.validations])
+
+
+def _shapes_read(policy_set: PolicySet, *, messages: bool = True) -> dict[str, Any]:
+    """What the set's expressions (or only its deciding ones) read of each request variable
+    (services.policy.paths)."""
     expressions = []
     for policy in policy_set.policies:
-        expressions += [c.expression for c in policy.match_conditions]
-        expressions += [v.expression for v in policy.variables]
-        for v in policy.validations:
-            expressions += [v.expression] if v.message_expression is None else [v.expression, v.message_expression]
+        expressions += _deciding(policy)
+        if messages:
+            expressions += [v.message_expression for v in policy.validations if v.message_expression is not None]
     return shapes((e.program.source, e.references & _CUT) for e in expressions)
 
 
