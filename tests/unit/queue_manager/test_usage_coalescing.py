@@ -4,7 +4,7 @@ for it, and its return says each once with its usage of that moment (a tick, if 
 from __future__ import annotations
 
 from services.contracts.codec import make_envelope
-from services.contracts.events import ClockTick, WorkloadRunning
+from services.contracts.events import WorkloadRunning
 from tests.unit.queue_manager.test_drain_coalescing import (
     CTX,
     busy_cohort,
@@ -13,6 +13,7 @@ from tests.unit.queue_manager.test_drain_coalescing import (
     reserved,
     step,
 )
+from tests.unit.queue_manager.test_fold import tick
 
 
 def usage_records(outputs):
@@ -58,9 +59,7 @@ def test_a_tick_says_what_waits_when_the_drain_due_is_lost():
     state, _ = step(state, finished("a", "2026-11-29T11:00:00Z"))
     state, outputs = step(state, running("c", "2026-11-29T11:00:01Z"))
     assert usage_records(outputs) == []
-    tick = make_envelope(ClockTick(at="2026-11-29T11:00:05Z", source="test"), producer="test",
-                         occurred_at="2026-11-29T11:00:05Z")
-    state, outputs = step(state, tick)
+    state, outputs = step(state, tick("2026-11-29T11:00:05Z"))
     (said,) = usage_records(outputs)
     assert said.running == {"a100-flavor": {"nvidia.com/gpu": 16000}}
     assert "usage_due" not in state
