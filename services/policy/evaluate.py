@@ -179,7 +179,7 @@ def evaluate(
                 operation, namespace, user_info, dry_run,
             )  # fmt: skip
         key = ctx.verdict_key(index)
-        if key is not None and key in ctx.passes:
+        if key is not None and ctx.passed(key):
             continue  # this policy passed a request that read the same (ADR 0051)
         try:
             messages = _evaluate_policy(policy, ctx)
@@ -267,11 +267,11 @@ class _RequestContext:
     an earlier request is read by a later one.
 
     A policy's verdict is a function of what its deciding expressions read (CEL has no clock
-    and no I/O; the set's params are constant): `verdict_key` names that, and `passes` holds
-    the keys the set's policies passed with, so a request that reads the same is not evaluated
+    and no I/O; the set's params are constant): `verdict_key` names that, and the held `passes`
+    are the keys the set's policies passed with, so a request that reads the same is not evaluated
     again (ADR 0051)."""
 
-    __slots__ = ("context", "passes", "_bound", "_builders", "_held", "_ready", "_values", "_texts")
+    __slots__ = ("context", "_builders", "_held", "_ready", "_values", "_texts")
 
     def __init__(self, policy_set: PolicySet, builders: dict[str, Callable[[], Any]]) -> None:
         held = getattr(_per_thread, "held", None)
@@ -279,7 +279,7 @@ class _RequestContext:
             held = _Held(policy_set)
             _per_thread.held = held
         self._held = held
-        self.context, self._bound, self.passes = held.context, held.bound, held.passes
+        self.context = held.context  # read by every expression that runs: kept at hand
         self._builders = builders
         self._ready: set[str] = set()
         self._values: dict[str, Any] = {}  # name -> the request's value, built once
@@ -308,10 +308,14 @@ class _RequestContext:
             key.append(self._texts[name])
         return tuple(key)
 
+    def passed(self, key: tuple) -> bool:
+        return key in self._held.passes
+
     def remember_pass(self, key: tuple) -> None:
-        if len(self.passes) >= MAX_REMEMBERED_PASSES:
-            self.passes.clear()  # simple and rare: the next requests fill it again
-        self.passes.add(key)
+        passes = self._held.passes
+        if len(passes) >= MAX_REMEMBERED_PASSES:
+            passes.clear()  # simple and rare: the next requests fill it again
+        passes.add(key)
 
     def _bind(self, names: list[str]) -> None:
         changed: dict[str, Any] = {}
@@ -322,15 +326,15 @@ class _RequestContext:
             if shape is not WHOLE:
                 value = cut(value, shape)
             text = None if name in _NEW_EACH_REQUEST else _fingerprint(value)
-            if text is None or self._bound.get(name) != text:
+            if text is None or self._held.bound.get(name) != text:
                 changed[name], texts[name] = value, text
         if changed:
             try:
                 self.context.update(changed)
             except Exception:
-                self._bound.clear()  # some of them may be bound: the next request rebinds all
+                self._held.bound.clear()  # some of them may be bound: the next request rebinds all
                 raise
-            self._bound.update(texts)
+            self._held.bound.update(texts)
         self._ready.update(names)
 
 
@@ -352,8 +356,9 @@ class _Held:
         self.shapes = _shapes_read(policy_set)
         self.decision_shapes = _shapes_read(policy_set, messages=False)
         # policy index -> the request variables its match conditions, variables and
-        # validations read (its messages do not decide); the set's params maps are constant
-        self.decided_by = [tuple(sorted(set().union(*(e.references for e in _deciding(policy))) & _KEYED))
+        # validations read (its messages do not decide), of those made from the request
+        # (`_CUT`): the set's params maps are constant for the set
+        self.decided_by = [tuple(sorted(set().union(*(e.references for e in _deciding(policy))) & _CUT))
                            for policy in policy_set.policies]
 
 
@@ -361,10 +366,6 @@ class _Held:
 #: params maps are not: they are the same for every request and bound once.
 _CUT = frozenset({"object", "oldObject", ANY_OBJECT, "request", "namespaceObject", "workload", "usage", "budget",
                   "cluster"})
-
-
-#: The variables a verdict is keyed by: the request's own, not the set's constant params maps.
-_KEYED = _CUT
 
 
 def _deciding(policy: Policy) -> list[Any]:
