@@ -63,6 +63,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import os
 import shutil
 import sys
 import time
@@ -178,6 +179,7 @@ async def run(scenario: KueueScenario, args: argparse.Namespace) -> dict:
         if spy:
             for service, pid in stack.pids().items():
                 spy.start(service, pid)
+            spy.start("bench-runner", os.getpid())  # the simulated cluster shares the two cores
 
         def on_progress(s) -> None:
             progress(f"submitted {s.submitted}/{len(workloads)} admitted {s.admitted} running {s.running} "

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from services.adapters.bus import Publisher
+from services.adapters.rdkafka_publisher import RdkafkaPublisher
 from services.contracts.codec import ContractError, Envelope, decode, decode_all, parse_utc
 from services.contracts.events import ActionAdmit, ActionCleanup, ActionEvict
 from services.sim.config import synthetic_nodes
@@ -181,7 +181,7 @@ class Simulator:
         self._wake = asyncio.Event()
         self._seen_actions: set[str] = set()
         self._clock: Compression | None = None
-        self._bus: Publisher | None = None
+        self._bus: RdkafkaPublisher | None = None
 
     # ------------------------------------------------------------------ scheduling
 
@@ -424,7 +424,7 @@ class Simulator:
             consumers.append(await self._reader_from_now("qm.workloads"))
             readers.append(asyncio.create_task(self._consume_verdicts(consumers[1])))
         try:
-            async with Publisher(self.bootstrap, self.prefix) as bus:
+            async with RdkafkaPublisher(self.bootstrap, self.prefix) as bus:
                 self._bus = bus
                 self._clock = Compression(self.speed, time.monotonic())
                 for envelope in namespace_events(self.namespaces):
