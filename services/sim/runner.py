@@ -35,7 +35,7 @@ import heapq
 import itertools
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -120,16 +120,27 @@ class _State:
     readmit: Envelope | None = None  # an admit that came while it still ran (before its eviction completed)
 
 
-@dataclass(order=True)
+@dataclass(slots=True)
 class _Item:
+    """One scheduled event, ordered by (due_wall, sim_s, seq)."""
+
     due_wall: float
     sim_s: float
     seq: int
-    kind: str = field(compare=False)
-    uid: str = field(compare=False, default="")
-    attempt: int = field(compare=False, default=0)
-    cause: Envelope | None = field(compare=False, default=None)
-    phase: str = field(compare=False, default="")
+    kind: str
+    uid: str = ""
+    attempt: int = 0
+    cause: Envelope | None = None
+    phase: str = ""
+
+    def __lt__(self, other: _Item) -> bool:
+        # By hand: the dataclass's generated order built two tuples per comparison, and the
+        # heap compares ~17 times per push and pop (4% of the Kueue runner's samples).
+        if self.due_wall != other.due_wall:
+            return self.due_wall < other.due_wall
+        if self.sim_s != other.sim_s:
+            return self.sim_s < other.sim_s
+        return self.seq < other.seq
 
 
 class Simulator:
