@@ -204,8 +204,12 @@ def parse(data: bytes | str) -> Any:
 def from_document(document: Any) -> Envelope:
     validate_document(document, strict=False)
     record_type = RECORD_TYPES[document["event_type"]]
-    known = record_type.__dataclass_fields__
-    payload = record_type(**{k: v for k, v in document["payload"].items() if k in known})
+    fields = document["payload"]
+    try:
+        payload = record_type(**fields)  # the common case: every field is one the record knows
+    except TypeError:  # fields of a newer minor version (the schema let them through): dropped
+        known = record_type.__dataclass_fields__
+        payload = record_type(**{k: v for k, v in fields.items() if k in known})
     return Envelope(
         event_id=document["event_id"],
         event_type=document["event_type"],
