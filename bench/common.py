@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import hashlib
 import json
 import os
@@ -664,6 +665,36 @@ def process_figures(stack: BenchStack, own_label: str) -> dict[str, Any]:
         # per second, each process's % of one core ("bench": this process, the load generator)
         "cpu_timeline": stack.cpu_timeline,
     }
+
+
+class CollectorClock:
+    """Time this process spends in the cyclic garbage collector while inside ``with``, and how
+    many collections of each generation it ran (gc.callbacks): the load generator's own pauses,
+    which the services share the cores with."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = [0, 0, 0]
+        self._began: float | None = None
+
+    def __enter__(self) -> CollectorClock:
+        gc.callbacks.append(self._note)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._note)
+
+    def _note(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        elif self._began is not None:
+            self.seconds += time.perf_counter() - self._began
+            self.collections[info["generation"]] += 1
+            self._began = None
+
+    def figures(self) -> dict[str, Any]:
+        return {"s": round(self.seconds, 2), "collections_by_generation": list(self.collections),
+                "thresholds": list(gc.get_threshold())}
 
 
 JIT_WARNING_CPU_S = 5.0  # a warm broker compiles 1–4 CPU-s in a run; one just started 14+
