@@ -14,11 +14,18 @@ partitioner pick (murmur2), records of one key keep their order (idempotent prod
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from services.adapters.bus import BrokerUnavailable
 from services.contracts.codec import Envelope, encode
 
+log = logging.getLogger("qm.sim.publisher")
+
+#: How long entering waits for the broker's first answer (librdkafka itself would queue records
+#: for minutes before it gave up on a broker that is not there).
+CONNECT_TIMEOUT_S = 10.0
 #: How long flush() sleeps between two looks at librdkafka's queue (the event loop runs meanwhile).
 FLUSH_POLL_S = 0.005
 
@@ -44,7 +51,14 @@ class RdkafkaPublisher:
         self._failures: list[str] = []
 
     async def __aenter__(self) -> RdkafkaPublisher:
-        self._producer = Producer(self._config)
+        producer = Producer(self._config)
+        try:  # a metadata request, off the event loop: fail now, with what to do, if nobody answers
+            await asyncio.to_thread(producer.list_topics, timeout=CONNECT_TIMEOUT_S)
+        except KafkaException as error:
+            raise BrokerUnavailable(
+                f"no Kafka broker answers at {self._config['bootstrap.servers']} within {CONNECT_TIMEOUT_S:.0f} s "
+                f"({error.args[0].str()}); start one with `make up` or set QM_KAFKA_BOOTSTRAP") from None
+        self._producer = producer
         return self
 
     async def __aexit__(self, exc_type, *exc) -> None:
@@ -90,7 +104,9 @@ class RdkafkaPublisher:
             self._failures.append(f"{message.topic()}[{message.partition()}]: {error.str()}")
 
     def _client_error(self, error: KafkaError) -> None:
-        # A broker that cannot be reached is retried by librdkafka; only a fatal error ends the run.
+        # A broker that cannot be reached is retried by librdkafka (said here, so an outage is
+        # seen before the records time out); only a fatal error ends the run.
         if error.fatal():
             self._failures.append(f"fatal producer error: {error.str()}")
             raise KafkaException(error)
+        log.warning("Kafka producer: %s (librdkafka retries)", error.str())

@@ -10,7 +10,7 @@ from collections import defaultdict
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from services.adapters.bus import KeyPartitioner, read_topic
+from services.adapters.bus import BrokerUnavailable, KeyPartitioner, read_topic
 from services.adapters.rdkafka_publisher import DeliveryFailed, RdkafkaPublisher
 from services.contracts.codec import ContractError, decode, make_envelope
 from services.contracts.events import WorkloadSubmitted
@@ -72,3 +72,10 @@ async def test_a_record_the_broker_refuses_fails_flush_naming_its_topic(kafka_bo
             await bus.flush()
         await bus.flush()  # said once; what was delivered stays delivered
     assert [len(r.value) async for r in read_topic(kafka_bootstrap, tiny)] == [100]
+
+
+async def test_a_broker_that_does_not_answer_is_said_at_once_with_what_to_do(monkeypatch):
+    monkeypatch.setattr("services.adapters.rdkafka_publisher.CONNECT_TIMEOUT_S", 1.0)
+    with pytest.raises(BrokerUnavailable, match=r"no Kafka broker answers at 127\.0\.0\.1:9 within 1 s .*make up"):
+        async with RdkafkaPublisher("127.0.0.1:9"):
+            pass
