@@ -106,7 +106,17 @@ def figures(report: dict) -> dict:
         "broker_jit_cpu_s": report.get("broker_jit_cpu_s"),  # a cold broker's compiling (ADR 0043)
         "simulator_s": report.get("simulator_s"),  # the replay: the trace played; the rest is the tail
         "ledger": _ledger(report.get("ledger")),
+        "last_phase_cpu": _last_phase_cpu(report.get("phase_cpu") or {}),
     }
+
+
+def _last_phase_cpu(phases: dict) -> str:
+    """The CPU per workload finished in the class window that ends last (kueue-baseline's small
+    jobs, where the machine's CPU bounds the wall), in ms, with the cores busy then."""
+    if not phases:
+        return "—"
+    name, p = max(phases.items(), key=lambda kv: kv[1]["to_s"])
+    return f"{name} {p['cpu_ms_per_finish']['all']:.2f} ({p['cores_busy']})"
 
 
 def _ledger(ledger: dict | None) -> str:
@@ -132,14 +142,15 @@ def table(rows: list[tuple[str, int, dict]]) -> None:
     replay = any(f.get("simulator_s") is not None for _, _, f in rows)
     header = ["side", "rep", "calibration s", "broker JIT s", "wall s", "services' CPU s", *(f"CPU {p}" for p in processes),
               "evictions", "min usage %", *(f"{c} → admitted s" for c in classes),
-              "finish → release p50 ms (all / slowest phase)", *(("simulator done s", "ledger") if replay else ())]
+              "finish → release p50 ms (all / slowest phase)", "last phase: CPU ms per finish (cores busy)",
+              *(("simulator done s", "ledger") if replay else ())]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for label, rep, f in rows:
         wall = f"{f['wall_s']}" + ("" if f["complete"] else " (incomplete)")
         cells = [label, rep, f.get("calibration_s") or "—", _or_dash(f.get("broker_jit_cpu_s")), wall, f["services_cpu_s"],
                  *(f["cpu_s"].get(p, "—") for p in processes), _or_dash(f["evictions"]), _or_dash(f["usage_min_pct"]),
-                 *(_round(f["time_to_admission_s"].get(c)) for c in classes), f["release_ms"],
+                 *(_round(f["time_to_admission_s"].get(c)) for c in classes), f["release_ms"], f["last_phase_cpu"],
                  *((_round(f.get("simulator_s")), f.get("ledger", "—")) if replay else ())]
         print("| " + " | ".join(map(str, cells)) + " |")
 

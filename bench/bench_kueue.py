@@ -34,7 +34,9 @@ How it runs (one fresh run per scenario):
 * Where the time went: per class, the runs evictions threw away and the cpu-seconds they lost
   (``evicted_runs``, a row of the table), when its workloads finished (``finishing_windows``,
   p5 / p50 / p95 s into the run: the run's phases), and each process's CPU second by second
-  (``cpu_timeline``, % of one core: whether the cores were full, and who had them).
+  (``cpu_timeline``, % of one core: whether the cores were full, and who had them), and what
+  a finished workload cost each process in each class's finishing window (``phase_cpu``, ms:
+  the sum to cut where a phase is bound by the machine's CPU).
 
 --scale 0.1 keeps the queues and takes a tenth of each workload set (a quick run). Absolute
 wall targets apply at full scale only; at a smaller scale the table says n/a and shows the
@@ -202,6 +204,8 @@ async def run(scenario: KueueScenario, args: argparse.Namespace) -> dict:
             stalled = await watch(runner, task, timeout, args.stall, progress, stack)
         complete = runner.done.is_set()
         ran_s = runner.now_s()  # since the first creation; the wall figure when every workload finished
+        # cpu_timeline counts from the services' start, the run from its first creation
+        timeline_offset_s = ran_s - (time.monotonic() - stack.timeline_since) if stack.timeline_since else None
         wall_s = ran_s if complete else None
         if task.done():
             task.result()  # a runner failure surfaces here
@@ -262,6 +266,7 @@ async def run(scenario: KueueScenario, args: argparse.Namespace) -> dict:
         "evictions": runner.stats.evicted,
         "evicted_runs": evicted,
         "finishing_windows": finishing,
+        "phase_cpu": phase_cpu(stack.cpu_timeline, timeline_offset_s, runner.intervals, finishing),
         "packing_timeline": packing,
         "usage_min_pct": round(100 * min(usage.values()), 1),
         "usage_mean_pct": round(100 * sum(usage.values()) / len(usage), 1),
@@ -313,6 +318,56 @@ def finishing_windows(intervals: list[tuple[str, float, float]], by_uid: dict) -
         by_class.setdefault(by_uid[uid].workload_class, []).append(spans[-1][1])
     return {name: {f"p{p}_s": round(pct(sorted(stops), p / 100), 1) for p in (5, 50, 95)}
             for name, stops in sorted(by_class.items())}
+
+
+def phase_cpu(timeline: list[dict[str, float]], offset_s: float | None, intervals: list[tuple[str, float, float]],
+              windows: dict[str, dict[str, float]]) -> dict[str, dict]:
+    """Per class, over its p5 → p95 finishing window: each process's CPU per workload that
+    finished in that window (of any class), in ms, and how many of the cores were busy.
+
+    The wall of a phase bound by the machine's CPU moves with this sum (kueue-baseline's small
+    jobs: ~1.7 ms on two cores), and a cut of a few percent in it shows here when the wall's
+    noise hides it. `timeline` is cpu_timeline (each sample: % of a core since the one before,
+    at `at_s` from the services' start); `offset_s` turns its seconds into the run's."""
+    if offset_s is None or not timeline:
+        return {}
+    finishes = sorted(spans[-1][1] for spans in runs_of(intervals).values())
+    out: dict[str, dict] = {}
+    for name, window in windows.items():
+        lo, hi = window["p5_s"], window["p95_s"]
+        if hi - lo < 1.0:  # shorter than a sample: nothing to say
+            continue
+        cpu_s: dict[str, float] = {}
+        before = timeline[0]["at_s"] - 1.0
+        for sample in timeline:
+            start, end = before + offset_s, sample["at_s"] + offset_s
+            before = sample["at_s"]
+            overlap = min(end, hi) - max(start, lo)
+            if overlap <= 0 or end <= start:
+                continue
+            share = overlap / (end - start)
+            for label, pct_of_core in sample.items():
+                if label != "at_s":
+                    cpu_s[label] = cpu_s.get(label, 0.0) + pct_of_core / 100 * (end - start) * share
+        finished = sum(1 for at in finishes if lo <= at <= hi)
+        if not finished or not cpu_s:
+            continue
+        per = {label: round(1000 * used / finished, 3) for label, used in sorted(cpu_s.items(), key=lambda kv: -kv[1])}
+        out[name] = {"from_s": lo, "to_s": hi, "finished": finished,
+                     "cores_busy": round(sum(cpu_s.values()) / (hi - lo), 2),
+                     "cpu_ms_per_finish": {**per, "all": round(1000 * sum(cpu_s.values()) / finished, 3)}}
+    return out
+
+
+def phase_cpu_line(phases: dict[str, dict]) -> str:
+    """One line per class: what a finished workload cost the machine in that class's phase."""
+    lines = []
+    for name, p in phases.items():
+        per = p["cpu_ms_per_finish"]
+        parts = ", ".join(f"{label} {ms:.2f}" for label, ms in per.items() if label != "all")
+        lines.append(f"CPU per workload finished in the {name} window ({p['from_s']}–{p['to_s']} s, "
+                     f"{p['finished']:,} finished, {p['cores_busy']} cores busy): {per['all']:.2f} ms ({parts})")
+    return "\n".join(lines)
 
 
 def packing_timeline(intervals: list[tuple[str, float, float]], by_uid: dict, quota_cpu: float,
@@ -396,6 +451,8 @@ async def main_async(args: argparse.Namespace) -> int:
         print("quota used by running pods, % per 5 s: " + " ".join(
             str(round(sum(r["all"] for r in result["packing_timeline"][i:i + 5]) / len(result["packing_timeline"][i:i + 5])))
             for i in range(0, len(result["packing_timeline"]), 5)))
+        if result.get("phase_cpu"):
+            print(phase_cpu_line(result["phase_cpu"]))
         print(f"\nevictions {result['evictions']} (runs thrown away: {lost or 'none'}), "
               f"submit lag p99 {result['submit_lag_s']['p99']} s, "
               f"peak memory MiB {result['peak_memory_mib']}, broker JIT {result['broker_jit_cpu_s']} CPU-s\n"

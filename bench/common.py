@@ -261,6 +261,7 @@ class BenchStack:
     broker_jit_cpu_s: float | None = None  # what the broker spent compiling during the run
     # every second from the services' start: each process's CPU in that second, % of one core
     cpu_timeline: list[dict[str, float]] = field(default_factory=list)
+    timeline_since: float | None = None  # time.monotonic() at cpu_timeline's 0 s
     _sampler: asyncio.Task[None] | None = field(default=None, init=False, repr=False)  # fills cpu_timeline
 
     def __post_init__(self) -> None:
@@ -288,7 +289,7 @@ class BenchStack:
         pid = broker_pid()
         self.broker_cpu_at_start = cpu_seconds(pid) if pid else None
         self.broker_jit_at_start = compiler_cpu_s(pid)
-        started = time.monotonic()
+        started = self.timeline_since = time.monotonic()
         self.stack.start()
         self._sampler = asyncio.create_task(self._sample_cpu(started))
         await asyncio.to_thread(self.stack.wait_ready, 120)
@@ -303,15 +304,18 @@ class BenchStack:
         if broker:
             pids[BROKER_LABEL] = broker
         before = {label: cpu_seconds(pid, digits=None) for label, pid in pids.items()}
+        last = time.monotonic()
         while True:
             await asyncio.sleep(every_s)
             now = {label: cpu_seconds(pid, digits=None) for label, pid in pids.items()}
-            sample: dict[str, float] = {"at_s": round(time.monotonic() - started, 1)}
+            at = time.monotonic()
+            # over the time that really passed: a busy loop wakes this sampler late
+            sample: dict[str, float] = {"at_s": round(at - started, 1)}
             for label, used in now.items():
                 if used is not None and before.get(label) is not None:
-                    sample[label] = round(100 * (used - before[label]) / every_s)
+                    sample[label] = round(100 * (used - before[label]) / (at - last))
             self.cpu_timeline.append(sample)
-            before = now
+            before, last = now, at
 
     def pids(self) -> dict[str, int]:
         return {name: p.pid for name, p in (self.stack.processes.items() if self.stack else ())}

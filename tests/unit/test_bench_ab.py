@@ -41,3 +41,18 @@ def test_a_kueue_run_has_no_replay_columns(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert "ledger" not in lines[0] and lines[-1].endswith("| — |")
     assert len({line.count("|") for line in lines}) == 1
+
+
+def test_a_kueue_run_shows_what_a_workload_cost_in_the_phase_that_ends_last(capsys):
+    phases = {
+        "medium": {"from_s": 62.0, "to_s": 74.4, "finished": 3400, "cores_busy": 1.6,
+                   "cpu_ms_per_finish": {"queue-manager": 1.1, "all": 3.25}},
+        "small": {"from_s": 75.1, "to_s": 82.7, "finished": 9900, "cores_busy": 1.94,
+                  "cpu_ms_per_finish": {"queue-manager": 0.55, "all": 1.666}},
+    }
+    kueue = figures({"wall_s": 83.4, "complete": True, "cpu_seconds": {}, "phase_cpu": phases,
+                     "time_to_admission": {}})
+    assert kueue["last_phase_cpu"] == "small 1.67 (1.94)"
+    table([("head", 1, kueue)])
+    lines = capsys.readouterr().out.splitlines()
+    assert "CPU ms per finish" in lines[0] and lines[-1].endswith("| small 1.67 (1.94) |")

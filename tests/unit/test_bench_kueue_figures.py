@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from bench_kueue import evicted_runs, finishing_windows, packing_timeline, summary_rows  # noqa: E402
+from bench_kueue import evicted_runs, finishing_windows, packing_timeline, phase_cpu, summary_rows  # noqa: E402
 
 from services.sim.kueue_scenarios import BASELINE, SMALLS_PHASE  # noqa: E402
 
@@ -82,3 +82,38 @@ def test_a_diagnostic_scenario_has_figures_but_no_anchor_or_target():
     assert rows[0]["measured"] == "83.5 s" and rows[0]["target"] == "—" and rows[0]["met"] is None
     assert all(r["met"] is None for r in rows)
     assert summary_rows(_result(scenario="smalls-phase", complete=False, finished=9000), SMALLS_PHASE)[0]["met"] is False
+
+
+def test_a_phase_costs_the_cpu_of_its_window_per_workload_finished_in_it():
+    # 20 smalls finish at 10.0-11.9 s of the run, a large at 2 s.
+    by_uid = {f"s{i}": SimpleNamespace(workload_class="small", requests={"cpu": 1000}) for i in range(20)}
+    by_uid["l1"] = SimpleNamespace(workload_class="large", requests={"cpu": 20000})
+    intervals = [(f"s{i}", 9.0 + i / 10, 10.0 + i / 10) for i in range(20)] + [("l1", 1.0, 2.0)]
+    windows = finishing_windows(intervals, by_uid)
+    lo, hi = windows["small"]["p5_s"], windows["small"]["p95_s"]
+    # The services started 5 s before the run's first creation: the sample at 15 s of the
+    # timeline covers 9-10 s of the run. The queue-manager uses 60% of a core from 10 s of the run
+    # on, admission 40%; before that nothing.
+    timeline = [{"at_s": float(t), "queue-manager": 60 if t > 15 else 0, "admission": 40 if t > 15 else 0}
+                for t in range(1, 30)]
+    phases = phase_cpu(timeline, offset_s=-5.0, intervals=intervals, windows=windows)
+    assert "large" not in phases  # its window is shorter than a sample
+    small = phases["small"]
+    finished = sum(1 for i in range(20) if lo <= 10.0 + i / 10 <= hi)
+    assert small["finished"] == finished and (small["from_s"], small["to_s"]) == (lo, hi)
+    per = small["cpu_ms_per_finish"]
+    assert per["queue-manager"] == round(1000 * 0.6 * (hi - lo) / finished, 3)
+    assert per["admission"] == round(1000 * 0.4 * (hi - lo) / finished, 3)
+    assert per["all"] == round(per["queue-manager"] + per["admission"], 3)
+    assert list(per)[:2] == ["queue-manager", "admission"]  # the largest first
+    assert small["cores_busy"] == 1.0
+
+
+def test_a_sample_is_split_across_the_window_edge():
+    intervals = [(f"s{i}", 0.0, 2.0 + i / 10) for i in range(40)]  # finishes 2.0-5.9 s
+    windows = {"small": {"p5_s": 2.5, "p50_s": 4.0, "p95_s": 5.5}}
+    timeline = [{"at_s": float(t), "broker (kafka)": 100} for t in range(1, 10)]  # a whole core, always
+    small = phase_cpu(timeline, offset_s=0.0, intervals=intervals, windows=windows)["small"]
+    assert small["finished"] == 31  # 2.5 .. 5.5 s
+    assert small["cpu_ms_per_finish"]["all"] == round(1000 * 3.0 / 31, 3)  # 3 s of one core, half-samples included
+    assert phase_cpu(timeline, None, intervals, windows) == {}  # no clock to line them up: nothing
