@@ -113,6 +113,23 @@ def empty_state() -> dict[str, Any]:
     return {"pending": {}, "admitted": {}, "said": {}, "expiries": {}, "now": 0.0}
 
 
+#: How many workloads a cohort remembers as finished before it knew them (newest kept).
+FINISHED_UNJUDGED_KEPT = 4096
+
+
+def _remember_finished_unjudged(state: dict, uid: str) -> None:
+    """A finish (a deletion, mostly) of a workload the cohort does not know yet. Admission
+    forwards facts on its fact lane and judges submissions on another, with no order between
+    them (ADR 0026): a Job deleted a moment after its creation can have its finish reach the
+    cohort's stream before its verdict, and the verdict must not queue it then. Bounded, oldest
+    dropped: a verdict comes seconds after its workload's finish at most, not thousands of
+    finishes later."""
+    unjudged = state.setdefault("finished_unjudged", {})
+    unjudged[uid] = None
+    if len(unjudged) > FINISHED_UNJUDGED_KEPT:
+        del unjudged[next(iter(unjudged))]
+
+
 def epoch(text: str) -> float:
     return parse_utc(text).timestamp()
 
@@ -154,6 +171,8 @@ def _step(state: dict, payload: Any, ctx: Context, configured: Objects, previous
     if isinstance(payload, WorkloadValidated):
         if payload.uid in state["admitted"] or payload.uid in state["pending"]:
             return  # re-validated after a resubmission: already known
+        if payload.uid in state.get("finished_unjudged", ()):
+            return  # deleted before its verdict came: nothing to queue
         _enqueue(state, ctx, {
             "uid": payload.uid,
             "namespace": payload.namespace,
@@ -201,6 +220,8 @@ def _step(state: dict, payload: Any, ctx: Context, configured: Objects, previous
         emit.usage_changed({entry["namespace"]})
         return
     elif isinstance(payload, WorkloadFinished):
+        if payload.uid not in state["admitted"] and payload.uid not in state["pending"]:
+            _remember_finished_unjudged(state, payload.uid)
         entry = _unadmit(state, ctx, payload.uid)
         _dequeue(state, ctx, payload.uid)
         state["said"].pop(payload.uid, None)

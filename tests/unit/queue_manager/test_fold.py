@@ -209,3 +209,19 @@ def test_a_keyed_context_is_made_once_per_key_and_again_for_a_new_config():
     reconfigured = dataclasses.replace(CTX, max_expiries=5)
     again = contexts.of(reconfigured, "cohort-a")
     assert again is not first and again.max_expiries == 5 and again.cache_key == "cohort-a"
+
+
+def test_a_workload_deleted_before_its_verdict_arrives_is_never_queued():
+    # The owner deletes a Job a moment after creating it. Admission forwards the deletion on its
+    # fact lane and judges the submission on its own lane, with no order between the two: the
+    # verdict can reach the cohort's stream after the finish. Queued then, it would hold quota
+    # for a workload that no longer exists.
+    deleted = make_envelope(WorkloadFinished(uid="uid-gone", namespace="ml-team", name="gone", succeeded=False,
+                                             finished_at="2026-11-29T10:00:00Z"),
+                            producer="test", occurred_at="2026-11-29T10:00:00Z")
+    state, outputs = run([deleted, validated("gone", 4)])
+    assert "uid-gone" not in state["admitted"] and "uid-gone" not in state["pending"]
+    assert [o for o in outputs if o.envelope.event_type in ("workload.quota_reserved.v1", "action.admit.v1")] == []
+    # others are judged as before
+    state, outputs = run([validated("next", 4)], state)
+    assert "uid-next" in state["admitted"]
