@@ -150,6 +150,12 @@ async def on_submitted(envelope: Envelope, event) -> None:
 # spent ~75% of the baseline bench's submission burst waiting (p50 submitted -> validated 7 s).
 # It reads only submissions (and dead-letters what nobody can read); the fact lane the rest.
 runtime.bundled_topics = frozenset({"qm.workloads"})  # a batch's verdicts, one bundle per cohort (ADR 0034)
+# Most of qm.cluster is pod facts this agent passes over: answered as soon as anything was there,
+# it fetched them a handful at a time through faust's consumer thread, after the submissions had
+# stopped too (ADR 0053). The broker gathers 16 KiB, or waits QM_FETCH_MAX_WAIT_MS, first.
+runtime.agent_fetch_min_bytes = whole_number_env(
+    "QM_ADMISSION_SUBMISSIONS_FETCH_MIN_BYTES", 16384, "admission",
+    "as QM_FETCH_MIN_BYTES says, by default answered as soon as anything is there", unit="a number of bytes") or None
 runtime.consume("qm.cluster", on_submitted, batched=True, reads=[WorkloadSubmitted])
 FACT_LANE_GROUP = f"{settings.app_id}-facts"
 fact_lane = FactLane(

@@ -31,3 +31,17 @@ def test_the_default_fetch_wait_is_100_ms():
 @pytest.mark.skipif("QM_FETCH_MIN_BYTES" in os.environ, reason="the suite runs with QM_FETCH_MIN_BYTES set")
 def test_by_default_the_broker_answers_a_fetch_as_soon_as_anything_is_there():
     assert FETCH_MIN_BYTES == 1  # lowest latency; raising it trades latency for CPU (ADR 0018 addendum)
+
+
+async def test_a_service_may_let_the_broker_gather_more_for_its_agents_and_zero_means_the_default():
+    # admission's submission agent passes over most of qm.cluster (ADR 0053)
+    runtime = ServiceRuntime(Settings(service="fetch-gather-test", app_id_suffix=f"-{uuid.uuid4().hex[:6]}"))
+    runtime.agent_fetch_min_bytes = 16384
+    consumer = runtime.app.consumer._new_consumer_thread()._create_worker_consumer(runtime.app.transport)
+    await consumer.stop()
+    assert (consumer._fetch_min_bytes, consumer._fetch_max_wait_ms) == (16384, FETCH_MAX_WAIT_MS)
+
+    runtime.agent_fetch_min_bytes = None
+    consumer = runtime.app.consumer._new_consumer_thread()._create_worker_consumer(runtime.app.transport)
+    await consumer.stop()
+    assert consumer._fetch_min_bytes == FETCH_MIN_BYTES
