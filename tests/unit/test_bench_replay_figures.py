@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from bench_replay import _where_the_wall_went, run  # noqa: E402
+from bench_replay import _decided, _none_lost, _where_the_wall_went, run  # noqa: E402
 
 
 def test_the_tail_is_the_gap_between_the_simulator_and_the_last_ledger_row():
@@ -32,3 +32,14 @@ def test_a_missing_trace_is_named_with_what_to_do(tmp_path):
     args = argparse.Namespace(trace=str(tmp_path / "pods.csv"), nodes=str(tmp_path / "nodes.csv"))
     with pytest.raises(SystemExit, match=r"no file at .*pods\.csv \(--trace\)\..*give --trace and --nodes"):
         asyncio.run(run(args))
+
+
+def test_every_workload_is_decided_or_was_deleted_first_and_any_other_is_named_lost():
+    clean = {"decided": 7287, "of": 8152, "deleted_before_a_decision": 865, "neither_decided_nor_deleted": 0}
+    assert _decided(clean) == "7287/8152; 865 deleted before a decision"
+    assert _none_lost(clean) is True
+    lost = {**clean, "decided": 7286, "neither_decided_nor_deleted": 1, "lost_uids": ["u1"]}
+    assert _decided(lost) == "7286/8152; 865 deleted before a decision; 1 neither decided nor deleted (lost_uids)"
+    assert _none_lost(lost) is False
+    before_counted = {"decided": 8152, "of": 8152}  # a result from before they were counted
+    assert (_decided(before_counted), _none_lost(before_counted)) == ("8152/8152", None)
