@@ -142,6 +142,12 @@ CASES = [
      [submitted(), validated(), reserved(), running(),
       env(WorkloadFinished(uid=UID, namespace=NS, name=NAME, succeeded=True, finished_at=at(900)), 900, "watcher")],
      Verdict.FINISHED, "succeeded"),
+    # deleted the second it was created: the deletion reached the queue-manager before the
+    # verdict (which carries the submission's time), so nothing was ever queued
+    ("deleted before its verdict",
+     [submitted(), env(WorkloadFinished(uid=UID, namespace=NS, name=NAME, succeeded=False, finished_at=at(0)), 0,
+                       "watcher"), validated(second=0)],
+     Verdict.FINISHED, "failed or was deleted"),
 ]
 
 
