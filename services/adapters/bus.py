@@ -347,6 +347,52 @@ async def follow(
                    fetch_min_bytes=fetch_min_bytes).run()
 
 
+class AssignedReader:
+    """Records of given partitions, from given offsets, with no consumer group, fetched and
+    unpacked by librdkafka on its own threads (ADR 0055): ``await batch()`` hands the event loop
+    the records fetched so far, up to CONSUME_MAX (confluent-kafka Messages; errors logged and
+    left out), as soon as there is one, waiting at most CONSUME_WAIT_S for it. `close()` when done.
+
+    `starts`: (topic, partition, offset), the offset an int or OFFSET_BEGINNING.
+    `fetch_min_bytes` / `fetch_max_wait_ms`: how much the broker gathers, and for how long at
+    most, before it answers a fetch (the defaults answer as soon as anything is there)."""
+
+    def __init__(self, bootstrap: str, starts: list[tuple[str, int, int]], *, fetch_min_bytes: int = 1,
+                 fetch_max_wait_ms: int = 500) -> None:
+        self._consumer = Consumer({
+            "bootstrap.servers": bootstrap,
+            "group.id": "qm-assigned-reader",  # required by the client; never joined, never committed
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "fetch.wait.max.ms": fetch_max_wait_ms,
+            "fetch.min.bytes": fetch_min_bytes,
+            "socket.nagle.disable": True,  # as asyncio's sockets: a fetch request leaves at once
+            "logger": log,
+        })  # fmt: skip
+        self._consumer.assign([KafkaPartition(topic, partition, offset) for topic, partition, offset in starts])
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="reader")  # every call on one thread
+
+    async def batch(self) -> list[Any]:
+        messages = await asyncio.get_running_loop().run_in_executor(self._thread, self._take)
+        if any(m.error() is not None for m in messages):
+            for m in messages:
+                if m.error() is not None:
+                    log.warning("reading %s[%s]: %s (librdkafka retries)", m.topic(), m.partition(), m.error().str())
+            messages = [m for m in messages if m.error() is None]
+        return messages
+
+    def _take(self) -> list[Any]:
+        # poll() returns with the first record there is; consume(n, timeout) would wait for n of
+        # them (or up to 200 ms in confluent-kafka >= 2.13). Then whatever else is fetched already.
+        first = self._consumer.poll(CONSUME_WAIT_S)
+        return [] if first is None else [first, *self._consumer.consume(CONSUME_MAX - 1, 0)]
+
+    def close(self) -> None:
+        """Closes the client once the fetch under way (if any) has returned, on its thread."""
+        self._thread.submit(self._consumer.close)
+        self._thread.shutdown(wait=False)
+
+
 class Follower:
     """Applies every record's payload of `topics` from the beginning, then keeps following, with
     no consumer group: every process that follows sees every partition (read-only replicas,
@@ -385,37 +431,23 @@ class Follower:
         # on this event loop, a record passed over cost ~6 µs of the service's CPU (ADR 0055)
         lookup = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, enable_auto_commit=False)
         await lookup.start()
-        pool = ThreadPoolExecutor(1, thread_name_prefix="follower")
-        reader: Consumer | None = None
-        loop = asyncio.get_running_loop()
+        reader: AssignedReader | None = None
         try:
             tps = await partitions_of(lookup, self._topics)
             end = await lookup.end_offsets(tps)
             # where each partition starts (retention may have emptied it): read up to there already
             applied = self._applied_to
             applied.update({(tp.topic, tp.partition): at for tp, at in (await lookup.beginning_offsets(tps)).items()})
-            reader = Consumer({
-                "bootstrap.servers": self._bootstrap,
-                "group.id": "qm-follower",  # required by the client; never joined, never committed
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "fetch.wait.max.ms": self._fetch["fetch_max_wait_ms"],
-                "fetch.min.bytes": self._fetch["fetch_min_bytes"],
-                "socket.nagle.disable": True,  # as asyncio's sockets: a fetch request leaves at once
-                "logger": log,
-            })  # fmt: skip
-            reader.assign([KafkaPartition(tp.topic, tp.partition, OFFSET_BEGINNING) for tp in tps])
+            reader = AssignedReader(self._bootstrap, [(tp.topic, tp.partition, OFFSET_BEGINNING) for tp in tps],
+                                    **self._fetch)
             self._lookup, self._tps = lookup, tps
             behind = {where: end[tp] for tp in tps if end[tp] > applied[where := (tp.topic, tp.partition)]}
             caught_up = self._caught_up
             if caught_up is not None and not behind:
                 caught_up.set()
             while True:
-                messages = await loop.run_in_executor(pool, reader.consume, CONSUME_MAX, CONSUME_WAIT_S)
+                messages = await reader.batch()
                 for message in messages:
-                    if message.error() is not None:
-                        log.warning("reading %s: %s (librdkafka retries)", message.topic(), message.error().str())
-                        continue
                     applied[(message.topic(), message.partition())] = message.offset() + 1
                     value = message.value()
                     if markers is not None and not markers.named_in(value):
@@ -441,8 +473,7 @@ class Follower:
         finally:
             self._lookup = None
             if reader is not None:
-                pool.submit(reader.close)  # after the fetch under way returns, on the thread that made it
-            pool.shutdown(wait=False)
+                reader.close()
             await lookup.stop()
 
     async def read_past(self, topic: str, partition: int, offset: int, timeout_s: float) -> bool:
