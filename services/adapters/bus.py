@@ -347,6 +347,23 @@ async def follow(
                    fetch_min_bytes=fetch_min_bytes).run()
 
 
+def take_fetched(consumer: Consumer, most: int = CONSUME_MAX, wait_s: float = CONSUME_WAIT_S) -> list[Any]:
+    """The records a librdkafka consumer has fetched, up to `most`, as soon as there is one,
+    waiting at most `wait_s` for it (blocking: call it off the event loop). Errors are logged
+    and left out (librdkafka retries what it can).
+
+    poll() returns with the first record there is; consume(n, timeout) would wait for n of them
+    (a lone record waited the whole timeout). Then whatever else is fetched already."""
+    first = consumer.poll(wait_s)
+    messages = [] if first is None else [first, *consumer.consume(most - 1, 0)]
+    if any(m.error() is not None for m in messages):
+        for m in messages:
+            if m.error() is not None:
+                log.warning("reading %s[%s]: %s (librdkafka retries)", m.topic(), m.partition(), m.error().str())
+        messages = [m for m in messages if m.error() is None]
+    return messages
+
+
 class AssignedReader:
     """Records of given partitions, from given offsets, with no consumer group, fetched and
     unpacked by librdkafka on its own threads (ADR 0055): ``await batch()`` hands the event loop
@@ -373,19 +390,8 @@ class AssignedReader:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="reader")  # every call on one thread
 
     async def batch(self) -> list[Any]:
-        messages = await asyncio.get_running_loop().run_in_executor(self._thread, self._take)
-        if any(m.error() is not None for m in messages):
-            for m in messages:
-                if m.error() is not None:
-                    log.warning("reading %s[%s]: %s (librdkafka retries)", m.topic(), m.partition(), m.error().str())
-            messages = [m for m in messages if m.error() is None]
+        messages = await asyncio.get_running_loop().run_in_executor(self._thread, take_fetched, self._consumer)
         return messages
-
-    def _take(self) -> list[Any]:
-        # poll() returns with the first record there is; consume(n, timeout) would wait for n of
-        # them (or up to 200 ms in confluent-kafka >= 2.13). Then whatever else is fetched already.
-        first = self._consumer.poll(CONSUME_WAIT_S)
-        return [] if first is None else [first, *self._consumer.consume(CONSUME_MAX - 1, 0)]
 
     def close(self) -> None:
         """Closes the client once the fetch under way (if any) has returned, on its thread."""

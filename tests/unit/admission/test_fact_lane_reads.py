@@ -30,7 +30,8 @@ def lane_and_routed():
 
 def facts_of(value):
     lane, routed = lane_and_routed()
-    return asyncio.run(lane._facts(SimpleNamespace(value=value))), routed
+    message = SimpleNamespace(value=lambda: value)  # as confluent-kafka's Message gives it
+    return asyncio.run(lane._facts(message)), routed
 
 
 def test_a_pod_fact_is_routed():
