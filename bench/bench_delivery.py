@@ -10,9 +10,7 @@ and no longer measured here.)
   queue-manager's fold. Its CPU (from /proc) is taken while it works through a backlog,
   between 10% and 90% of the records committed, so start-up and the last commit do not count.
 * aiokafka: one consumer in a consumer group in this process, `getmany` + `read_envelope` +
-  a commit per round, the way admission's fact lane read (ADR 0026).
-* librdkafka: the same through confluent-kafka's consumer, `take_fetched` on a thread of its
-  own, the way the fact lane, the replicas and the simulated cluster read since ADR 0055.
+  a commit per round, the way admission's fact lane reads (ADR 0026).
 
 Results: bench/results/delivery.json and a table. Needs the local broker (`make up`).
 """
@@ -137,39 +135,6 @@ async def aiokafka_side(bootstrap: str, prefix: str, records: int) -> dict:
         await consumer.stop()
 
 
-async def librdkafka_side(bootstrap: str, prefix: str, records: int) -> dict:
-    """As aiokafka_side, through librdkafka the way admission's fact lane reads since ADR 0055
-    (`take_fetched` on a thread of its own, a commit per round). CPU of the whole process:
-    librdkafka's threads are counted."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from confluent_kafka import Consumer
-
-    from services.adapters.bus import read_envelope, take_fetched
-
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"delivery-bench-rd-{uuid.uuid4().hex[:8]}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    consumer.subscribe([prefix + "qm.workloads"])
-    thread = ThreadPoolExecutor(1)
-    loop = asyncio.get_running_loop()
-    try:
-        seen, start = 0, None
-        while seen < 0.9 * records:
-            messages = await loop.run_in_executor(thread, take_fetched, consumer, 1000, 1.0)
-            for message in messages:
-                read_envelope(message.value(), HANDED)
-            if messages:
-                await loop.run_in_executor(thread, lambda: consumer.commit(asynchronous=False))
-            seen += len(messages)
-            if start is None and seen >= 0.1 * records:
-                start = (time.process_time(), seen, time.monotonic())
-        cpu, n, wall = time.process_time() - start[0], seen - start[1], time.monotonic() - start[2]
-        return {"records": n, "cpu_s": round(cpu, 2), "wall_s": round(wall, 2), "us_per_record": round(1e6 * cpu / n, 1)}
-    finally:
-        await loop.run_in_executor(thread, consumer.close)
-        thread.shutdown()
-
-
 async def run(args: argparse.Namespace) -> dict:
     from bench.common import BOOTSTRAP, delete_topics, machine
     from services.adapters.bus import create_topics
@@ -184,13 +149,10 @@ async def run(args: argparse.Namespace) -> dict:
         faust = await faust_side(BOOTSTRAP, prefix, args.records, Path(args.log))
         print("aiokafka side ...", file=sys.stderr)
         raw = await aiokafka_side(BOOTSTRAP, prefix, args.records)
-        print("librdkafka side ...", file=sys.stderr)
-        rd = await librdkafka_side(BOOTSTRAP, prefix, args.records)
     finally:
         await delete_topics(BOOTSTRAP, lambda t: t.startswith(prefix) or "delivery-bench" in t)
     return {"records_written": args.records, "faust_runtime": faust, "aiokafka_consumer": raw,
-            "librdkafka_consumer": rd, "ratio": round(faust["us_per_record"] / raw["us_per_record"], 1),
-            "ratio_aiokafka_to_librdkafka": round(raw["us_per_record"] / rd["us_per_record"], 1), "machine": taken}
+            "ratio": round(faust["us_per_record"] / raw["us_per_record"], 1), "machine": taken}
 
 
 def main() -> None:
@@ -210,12 +172,10 @@ def main() -> None:
     print("| reader | CPU per record handed over | records measured |")
     print("|---|---|---|")
     for label, key in (("ServiceRuntime (faust agent, batched)", "faust_runtime"),
-                       ("aiokafka consumer (getmany)", "aiokafka_consumer"),
-                       ("librdkafka consumer (take_fetched, ADR 0055)", "librdkafka_consumer")):
+                       ("aiokafka consumer (getmany)", "aiokafka_consumer")):
         figures = report[key]
         print(f"| {label} | {figures['us_per_record']} µs | {figures['records']:,} |")
-    print(f"\nfaust / aiokafka: {report['ratio']}x; aiokafka / librdkafka: {report['ratio_aiokafka_to_librdkafka']}x; "
-          f"written {path}")
+    print(f"\nfaust / aiokafka: {report['ratio']}x; written {path}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,8 +17,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
 from aiokafka.partitioner import DefaultPartitioner, murmur2
-from confluent_kafka import OFFSET_BEGINNING, Consumer
-from confluent_kafka import TopicPartition as KafkaPartition
 
 from services.contracts.codec import (
     RECORD_TYPES,
@@ -41,9 +38,6 @@ DLQ_SOURCE_TOPIC = "qm-source-topic"
 DLQ_SOURCE_PARTITION = "qm-source-partition"
 DLQ_SOURCE_OFFSET = "qm-source-offset"
 DLQ_CONSUMER = "qm-consumer"
-# A Follower's librdkafka reads: at most this many records a round, waiting at most this long.
-CONSUME_MAX = 1000
-CONSUME_WAIT_S = 0.5
 
 
 class BrokerUnavailable(RuntimeError):
@@ -311,14 +305,6 @@ async def assign_from_the_beginning(consumer: AIOKafkaConsumer, topics: Iterable
                                     retry_s: float = 0.5) -> list[TopicPartition]:
     """Assign every partition of `topics` (waiting until the broker knows each topic) and seek
     to the beginning: how a reader without a consumer group starts."""
-    tps = await partitions_of(consumer, topics, retry_s)
-    consumer.assign(tps)
-    await consumer.seek_to_beginning(*tps)
-    return tps
-
-
-async def partitions_of(consumer: AIOKafkaConsumer, topics: Iterable[str], retry_s: float = 0.5) -> list[TopicPartition]:
-    """Every partition of `topics`, waiting until the broker knows each topic."""
     tps = []
     for topic in topics:
         partitions = consumer.partitions_for_topic(topic)
@@ -328,6 +314,8 @@ async def partitions_of(consumer: AIOKafkaConsumer, topics: Iterable[str], retry
             if partitions is None:
                 await asyncio.sleep(retry_s)
         tps += [TopicPartition(topic, p) for p in partitions]
+    consumer.assign(tps)
+    await consumer.seek_to_beginning(*tps)
     return tps
 
 
@@ -345,58 +333,6 @@ async def follow(
     Follower, which this runs)."""
     await Follower(bootstrap, topics, on_payload, caught_up, wanted, fetch_max_wait_ms=fetch_max_wait_ms,
                    fetch_min_bytes=fetch_min_bytes).run()
-
-
-def take_fetched(consumer: Consumer, most: int = CONSUME_MAX, wait_s: float = CONSUME_WAIT_S) -> list[Any]:
-    """The records a librdkafka consumer has fetched, up to `most`, as soon as there is one,
-    waiting at most `wait_s` for it (blocking: call it off the event loop). Errors are logged
-    and left out (librdkafka retries what it can).
-
-    poll() returns with the first record there is; consume(n, timeout) would wait for n of them
-    (a lone record waited the whole timeout). Then whatever else is fetched already."""
-    first = consumer.poll(wait_s)
-    messages = [] if first is None else [first, *consumer.consume(most - 1, 0)]
-    if any(m.error() is not None for m in messages):
-        for m in messages:
-            if m.error() is not None:
-                log.warning("reading %s[%s]: %s (librdkafka retries)", m.topic(), m.partition(), m.error().str())
-        messages = [m for m in messages if m.error() is None]
-    return messages
-
-
-class AssignedReader:
-    """Records of given partitions, from given offsets, with no consumer group, fetched and
-    unpacked by librdkafka on its own threads (ADR 0055): ``await batch()`` hands the event loop
-    the records fetched so far, up to CONSUME_MAX (confluent-kafka Messages; errors logged and
-    left out), as soon as there is one, waiting at most CONSUME_WAIT_S for it. `close()` when done.
-
-    `starts`: (topic, partition, offset), the offset an int or OFFSET_BEGINNING.
-    `fetch_min_bytes` / `fetch_max_wait_ms`: how much the broker gathers, and for how long at
-    most, before it answers a fetch (the defaults answer as soon as anything is there)."""
-
-    def __init__(self, bootstrap: str, starts: list[tuple[str, int, int]], *, fetch_min_bytes: int = 1,
-                 fetch_max_wait_ms: int = 500) -> None:
-        self._consumer = Consumer({
-            "bootstrap.servers": bootstrap,
-            "group.id": "qm-assigned-reader",  # required by the client; never joined, never committed
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "fetch.wait.max.ms": fetch_max_wait_ms,
-            "fetch.min.bytes": fetch_min_bytes,
-            "socket.nagle.disable": True,  # as asyncio's sockets: a fetch request leaves at once
-            "logger": log,
-        })  # fmt: skip
-        self._consumer.assign([KafkaPartition(topic, partition, offset) for topic, partition, offset in starts])
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="reader")  # every call on one thread
-
-    async def batch(self) -> list[Any]:
-        messages = await asyncio.get_running_loop().run_in_executor(self._thread, take_fetched, self._consumer)
-        return messages
-
-    def close(self) -> None:
-        """Closes the client once the fetch under way (if any) has returned, on its thread."""
-        self._thread.submit(self._consumer.close)
-        self._thread.shutdown(wait=False)
 
 
 class Follower:
@@ -423,64 +359,53 @@ class Follower:
         self._bootstrap, self._topics, self._on_payload = bootstrap, topics, on_payload
         self._caught_up, self._wanted = caught_up, wanted
         self._fetch = {"fetch_max_wait_ms": fetch_max_wait_ms, "fetch_min_bytes": fetch_min_bytes}
-        self._lookup: AIOKafkaConsumer | None = None  # set once its partitions are assigned
+        self._consumer: AIOKafkaConsumer | None = None  # set once its partitions are assigned
         self._tps: list[TopicPartition] = []
         self._applied = asyncio.Condition()  # notified after every batch of records is applied
-        self._applied_to: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset to apply
-        self._reached: dict[tuple[str, int], int] = {}  # end offsets a read_past has seen applied
+        self._reached: dict[TopicPartition, int] = {}  # end offsets a read_past has seen applied
 
     async def run(self) -> None:
         wanted = self._wanted
         markers = None if wanted is None else TypeMarkers(wanted)
-        # aiokafka for the partitions and the end offsets (a question now and then); librdkafka
-        # for the records, fetched and unpacked on its own threads: through aiokafka's fetcher,
-        # on this event loop, a record passed over cost ~6 µs of the service's CPU (ADR 0055)
-        lookup = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, enable_auto_commit=False)
-        await lookup.start()
-        reader: AssignedReader | None = None
+        consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, enable_auto_commit=False,
+                                    auto_offset_reset="earliest", **self._fetch)
+        await consumer.start()
         try:
-            tps = await partitions_of(lookup, self._topics)
-            end = await lookup.end_offsets(tps)
-            # where each partition starts (retention may have emptied it): read up to there already
-            applied = self._applied_to
-            applied.update({(tp.topic, tp.partition): at for tp, at in (await lookup.beginning_offsets(tps)).items()})
-            reader = AssignedReader(self._bootstrap, [(tp.topic, tp.partition, OFFSET_BEGINNING) for tp in tps],
-                                    **self._fetch)
-            self._lookup, self._tps = lookup, tps
-            behind = {where: end[tp] for tp in tps if end[tp] > applied[where := (tp.topic, tp.partition)]}
+            tps = await assign_from_the_beginning(consumer, self._topics)
+            self._consumer, self._tps = consumer, tps
+            end = await consumer.end_offsets(tps)
+            behind = {tp for tp in tps if end[tp] > 0}
             caught_up = self._caught_up
             if caught_up is not None and not behind:
                 caught_up.set()
             while True:
-                messages = await reader.batch()
-                for message in messages:
-                    applied[(message.topic(), message.partition())] = message.offset() + 1
-                    value = message.value()
-                    if markers is not None and not markers.named_in(value):
-                        continue
-                    try:
-                        documents = documents_of(value)
-                    except ContractError as error:
-                        log.warning("unreadable record on %s skipped: %s", message.topic(), error)
-                        continue
-                    for _, _, envelope in envelopes_in(documents, wanted):
-                        if isinstance(envelope, ContractError):
-                            log.warning("unreadable record on %s skipped: %s", message.topic(), envelope)
-                        elif envelope is not None:
-                            self._on_payload(envelope.payload)
-                if messages:
+                batch = await consumer.getmany(timeout_ms=500)
+                for records in batch.values():
+                    for record in records:
+                        if markers is not None and not markers.named_in(record.value):
+                            continue
+                        try:
+                            documents = documents_of(record.value)
+                        except ContractError as error:
+                            log.warning("unreadable record on %s skipped: %s", record.topic, error)
+                            continue
+                        for _, _, envelope in envelopes_in(documents, wanted):
+                            if isinstance(envelope, ContractError):
+                                log.warning("unreadable record on %s skipped: %s", record.topic, envelope)
+                            elif envelope is not None:
+                                self._on_payload(envelope.payload)
+                if batch:
                     async with self._applied:
                         self._applied.notify_all()
-                    if caught_up is not None and not caught_up.is_set():
-                        for where in [w for w, at in behind.items() if applied.get(w, 0) >= at]:
-                            del behind[where]
-                        if not behind:
-                            caught_up.set()
+                if caught_up is not None and not caught_up.is_set():
+                    for tp in list(behind):
+                        if await consumer.position(tp) >= end[tp]:
+                            behind.discard(tp)
+                    if not behind:
+                        caught_up.set()
         finally:
-            self._lookup = None
-            if reader is not None:
-                reader.close()
-            await lookup.stop()
+            self._consumer = None
+            await consumer.stop()
 
     async def read_past(self, topic: str, partition: int, offset: int, timeout_s: float) -> bool:
         """Wait until every record appended to the followed topics before the record at (topic,
@@ -490,20 +415,23 @@ class Follower:
         It asks the broker for the end offsets and waits until they are applied. Those end
         offsets are remembered: a record below one of them was appended before that question,
         so it needs no second one (a burst of such records waits once)."""
-        if self._reached.get((topic, partition), 0) > offset:
+        if self._reached.get(TopicPartition(topic, partition), 0) > offset:
             return True
-        lookup = self._lookup
-        if lookup is None:
+        consumer = self._consumer
+        if consumer is None:
             return False
-        applied = self._applied_to
         try:
             async with asyncio.timeout(timeout_s):
-                end = {(tp.topic, tp.partition): at for tp, at in (await lookup.end_offsets(self._tps)).items()}
+                end = await consumer.end_offsets(self._tps)
+
+                async def applied() -> bool:
+                    return all([await consumer.position(tp) >= at for tp, at in end.items()])
+
                 async with self._applied:
-                    while not all(applied.get(where, 0) >= at for where, at in end.items()):
+                    while not await applied():
                         await self._applied.wait()
         except TimeoutError:
             return False
-        for where, at in end.items():
-            self._reached[where] = max(at, self._reached.get(where, 0))
+        for tp, at in end.items():
+            self._reached[tp] = max(at, self._reached.get(tp, 0))
         return True

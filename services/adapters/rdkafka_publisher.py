@@ -14,9 +14,7 @@ partitioner pick (murmur2), records of one key keep their order (idempotent prod
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-import threading
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
@@ -115,90 +113,3 @@ class RdkafkaPublisher:
             self._failures.append(f"fatal producer error: {error.str()}")
             raise KafkaException(error)
         log.warning("Kafka producer: %s (librdkafka retries)", error.str())
-
-
-class OutputProducer:
-    """A service's outputs through librdkafka (ADR 0054): ``await send(...)`` queues a record and
-    returns a future that the broker's acknowledgement settles, as aiokafka's producer does, so
-    the runtime's commit (outputs acknowledged before any state or cursor is stored) is unchanged.
-
-    librdkafka encodes, batches and sends from its own threads. Its delivery reports are served
-    on a thread of this class: each poll's reports settle their futures with one hand-over to the
-    event loop, not one per record. Idempotent (acks=all; a retry cannot reorder a key's records),
-    and a key lands on the partition aiokafka's and the Java client's murmur2 pick."""
-
-    def __init__(self, bootstrap: str, *, client_id: str, linger_ms: int, max_record_bytes: int) -> None:
-        self._producer = Producer({
-            "bootstrap.servers": bootstrap,
-            "client.id": client_id,
-            "linger.ms": linger_ms,
-            "socket.nagle.disable": True,  # as asyncio's sockets: a small request leaves at once
-            "enable.idempotence": True,
-            "partitioner": "murmur2_random",
-            "message.max.bytes": max_record_bytes,
-            "error_cb": self._client_error,
-            "logger": log,
-        })  # fmt: skip
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._settled: list[tuple[asyncio.Future, KafkaError | None, str]] = []
-        self._closing = False
-        self._reports = threading.Thread(target=self._serve_reports, name=f"{client_id}-delivery", daemon=True)
-
-    async def send(self, topic: str, key: bytes | None, value: bytes, partition: int | None = None,
-                   timestamp: float | None = None, headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future:
-        """The signature of faust's producer.send; `partition` and `timestamp` must be None
-        (the key picks the partition, the broker's clock the time)."""
-        if partition is not None or timestamp is not None:
-            raise ValueError("OutputProducer picks partitions by key and leaves timestamps to the broker")
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
-            self._reports.start()
-        future = self._loop.create_future()
-        report = functools.partial(self._delivered, future)
-        while True:
-            try:
-                self._producer.produce(topic, value, key, headers=headers, on_delivery=report)
-                return future
-            except BufferError:  # librdkafka's local queue is full: let its threads drain it
-                await asyncio.sleep(0.005)
-
-    def close(self, timeout_s: float = 5.0) -> int:
-        """Wait up to `timeout_s` for what is queued; returns how many records were left undelivered
-        (their batches were never committed: whoever consumes next reads them again)."""
-        self._closing = True
-        left = self._producer.flush(timeout_s)
-        if self._reports.is_alive():
-            self._reports.join(1.0)
-        return left
-
-    def _serve_reports(self) -> None:
-        loop = self._loop
-        assert loop is not None
-        while not self._closing:
-            self._producer.poll(0.05)  # runs _delivered for each report, on this thread
-            if self._settled:
-                settled, self._settled = self._settled, []
-                try:
-                    loop.call_soon_threadsafe(_settle, settled)
-                except RuntimeError:  # the loop is closed: the service is stopping
-                    return
-
-    def _delivered(self, future: asyncio.Future, error: KafkaError | None, message) -> None:
-        where = f"{message.topic()}[{message.partition()}]" if error is not None else ""
-        self._settled.append((future, error, where))
-
-    def _client_error(self, error: KafkaError) -> None:
-        if error.fatal():  # e.g. the idempotent producer's sequence broke: nothing more is sent
-            log.error("Kafka output producer failed: %s", error.str())
-        else:
-            log.warning("Kafka output producer: %s (librdkafka retries)", error.str())
-
-
-def _settle(settled: list[tuple[asyncio.Future, KafkaError | None, str]]) -> None:
-    for future, error, where in settled:
-        if future.done():
-            continue
-        if error is None:
-            future.set_result(None)
-        else:
-            future.set_exception(DeliveryFailed(f"{where}: {error.str()}"))

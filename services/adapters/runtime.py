@@ -33,7 +33,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Info, generat
 from services.adapters import logs
 from services.adapters.bus import KeyPartitioner, TypeSieve, dlq_headers
 from services.adapters.gc_tuning import freeze_startup_objects, tune_gc
-from services.adapters.rdkafka_publisher import OutputProducer
 from services.adapters.recovered_tables import RecoveredTable
 from services.adapters.settings import Settings
 from services.contracts.codec import (
@@ -343,19 +342,6 @@ def producer_linger_ms(raw: str | None) -> int:
 
 PRODUCER_LINGER_MS = producer_linger_ms(os.environ.get("QM_PRODUCER_LINGER_MS"))
 
-# Which client sends a service's outputs (ADR 0054). librdkafka: ~2.5 µs of the service's CPU
-# per record, the rest on librdkafka's threads in C; aiokafka (faust's producer): ~25 µs of
-# Python on the event loop. Changelogs and dead letters go through faust's producer either way.
-OUTPUT_PRODUCERS = ("librdkafka", "aiokafka")
-
-
-def output_producer_choice(raw: str | None) -> str:
-    choice = (raw or OUTPUT_PRODUCERS[0]).strip()
-    if choice not in OUTPUT_PRODUCERS:
-        raise SystemExit(f"QM_OUTPUT_PRODUCER={raw!r}: expected one of {', '.join(OUTPUT_PRODUCERS)} "
-                         "(librdkafka, the default, sends outputs from librdkafka's own threads)")
-    return choice
-
 
 class _ShortFetchConsumerThread(_KafkaConsumerThread):
     """faust's consumer thread, building aiokafka's consumer with FETCH_MAX_WAIT_MS and
@@ -477,14 +463,6 @@ class _App(faust.App):
         transport.Consumer = _HandledOnlyConsumer
         return transport
 
-    async def on_stop(self) -> None:
-        await super().on_stop()
-        outputs = self.qm_runtime.outputs
-        if outputs is not None and hasattr(outputs, "close"):
-            left = await asyncio.to_thread(outputs.close)
-            if left:  # their batches were not committed: the next reader applies them again
-                self.qm_runtime.log.warning("outputs not acknowledged at stop", detail=f"{left} records")
-
 
 EVENT_LOOPS = ("uvloop", "aio")
 
@@ -570,9 +548,6 @@ class ServiceRuntime:
         # How much the broker gathers (for at most FETCH_MAX_WAIT_MS) before it answers this
         # worker's faust agents: None, FETCH_MIN_BYTES. Set before the worker starts (ADR 0053).
         self.agent_fetch_min_bytes: int | None = None
-        # What sends outputs (publish): a librdkafka OutputProducer once `main` runs the worker
-        # (ADR 0054), else faust's producer (and a test's fake of it).
-        self.outputs: Any = None
         # Per consumed topic: the table of applied offsets, and this worker's cursors for the
         # partitions it owns now (the next offset each expects; reset at every assignment).
         self._cursor_tables: dict[str, faust.Table] = {}
@@ -1182,7 +1157,7 @@ class ServiceRuntime:
         groups: dict[tuple[str, str], list[Envelope]] = {}
         for output in outputs:
             groups.setdefault((output.topic, output.key), []).append(output.envelope)
-        producer = self.outputs or self.app.producer
+        producer = self.app.producer
         topic = self.settings.topic
         pending = []
         for (name, key), envelopes in groups.items():
@@ -1200,7 +1175,7 @@ class ServiceRuntime:
         await self._acknowledged(batch, await self._send_bundles(outputs))
 
     async def _send(self, outputs: Iterable[Output]) -> list[Any]:
-        producer = self.outputs or self.app.producer
+        producer = self.app.producer
         topic = self.settings.topic
         return [
             await producer.send(topic(o.topic), o.key.encode(), o.value or encode(o.envelope), None, None, None)
@@ -1327,7 +1302,4 @@ class ServiceRuntime:
         """Run as a faust worker: `python -m services.<name> worker`."""
         tune_gc()
         choose_event_loop(self.settings.service, os.environ.get("QM_EVENT_LOOP", "uvloop"))
-        if output_producer_choice(os.environ.get("QM_OUTPUT_PRODUCER")) == "librdkafka":
-            self.outputs = OutputProducer(self.settings.kafka_bootstrap, client_id=self.settings.app_id,
-                                          linger_ms=PRODUCER_LINGER_MS, max_record_bytes=MAX_RECORD_BYTES)
         self.app.main()

@@ -11,9 +11,6 @@ queue-manager learnt of finishes 8-13 s late, preempted workloads that had alrea
 and requeued them. A fact can only concern a workload that admission has judged already (its
 pod runs after the queue-manager admitted it), so the two lanes need no order between them.
 
-The lane reads through librdkafka (ADR 0055): fetching, unpacking and the group's heartbeats
-run on librdkafka's threads, and the event loop takes what was fetched, up to MAX_RECORDS a round.
-
 At-least-once: a partition's offset is committed once the facts forwarded from it are
 acknowledged, at most once per QM_FACT_LANE_COMMIT_S (default 1 s; and before a revocation or a
 stop); a fact forwarded twice (a crash, a rebalance) keeps its event id, and the readers of
@@ -28,19 +25,16 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
-from types import SimpleNamespace
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
+from aiokafka.errors import CommitFailedError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
-from confluent_kafka import Consumer, KafkaException
-from confluent_kafka import TopicPartition as KafkaPartition
 from prometheus_client import Counter
 
-from services.adapters.bus import TypeMarkers, take_fetched
+from services.adapters.bus import TypeMarkers
 from services.adapters.runtime import Output
 from services.admission.cohort_stream import FORWARDED, UnknownQueue
 from services.contracts.codec import ContractError, Envelope, from_document, parse
@@ -89,62 +83,48 @@ class FactLane:
 
     async def run(self) -> None:
         await self._seed_from_takeover_group()
-        loop = asyncio.get_running_loop()
-        # librdkafka fetches, unpacks and keeps the group on its own threads (ADR 0055); every
-        # call on the consumer goes through this one thread, so none overlaps another
-        thread = ThreadPoolExecutor(1, thread_name_prefix="fact-lane")
-        uncommitted: dict[tuple[str, int], int] = {}  # next offset per partition, forwarded up to it
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap, group_id=self.group, enable_auto_commit=False,
+            auto_offset_reset="earliest", fetch_max_wait_ms=self.fetch_max_wait_ms,
+            fetch_min_bytes=self.fetch_min_bytes,
+        )
+        await consumer.start()
+        uncommitted: dict[TopicPartition, int] = {}  # next offset per partition, forwarded up to it
 
-        def commit_revoked(consumer: Consumer, partitions: list[KafkaPartition]) -> None:
-            # Runs inside poll(), on the lane's thread. The lane asks for more records only once
-            # the facts it took were forwarded and acknowledged: everything taken is forwarded.
-            _commit(consumer, {where: uncommitted.pop(where) for p in partitions
-                               if (where := (p.topic, p.partition)) in uncommitted})
+        async def commit_revoked(revoked) -> None:
+            await self._commit(consumer, {tp: uncommitted.pop(tp) for tp in revoked if tp in uncommitted})
 
-        consumer = Consumer({
-            "bootstrap.servers": self.bootstrap,
-            "group.id": self.group,
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
-            "partition.assignment.strategy": "roundrobin",  # as aiokafka's, should both be in the group
-            "session.timeout.ms": 10_000,  # aiokafka's default: a lost replica's partitions move on soon
-            "heartbeat.interval.ms": 3_000,
-            "fetch.wait.max.ms": self.fetch_max_wait_ms,
-            "fetch.min.bytes": self.fetch_min_bytes,
-            "socket.nagle.disable": True,
-            "logger": log,
-        })  # fmt: skip
-        consumer.subscribe([self.topic], on_assign=lambda *_: loop.call_soon_threadsafe(self.joined.set),
-                           on_revoke=commit_revoked, on_lost=lambda *_: uncommitted.clear())
+        consumer.subscribe([self.topic], listener=_Joined(self.joined, commit_revoked))
         committed_at = time.monotonic()
         try:
             while True:
-                messages = await loop.run_in_executor(thread, take_fetched, consumer, MAX_RECORDS)
+                batch = await consumer.getmany(timeout_ms=500, max_records=MAX_RECORDS)
                 outputs: list[Output] = []
-                for message in messages:
-                    outputs += await self._facts(message)
+                for records in batch.values():
+                    for record in records:
+                        outputs += await self._facts(record)
                 if outputs:
                     await self.send(outputs)  # acknowledged by the broker before the commit
                     self.forwarded += len(outputs)
-                for message in messages:
-                    uncommitted[(message.topic(), message.partition())] = message.offset() + 1
+                uncommitted.update({tp: records[-1].offset + 1 for tp, records in batch.items() if records})
                 if uncommitted and time.monotonic() - committed_at >= COMMIT_EVERY_S:
-                    offsets = dict(uncommitted)
+                    await self._commit(consumer, uncommitted)
                     uncommitted.clear()
-                    await loop.run_in_executor(thread, _commit, consumer, offsets)
                     committed_at = time.monotonic()
         finally:
-            # closing leaves the group: its revocation commits what is left (commit_revoked)
-            thread.submit(_close, consumer)
-            thread.shutdown(wait=False)
+            try:
+                if uncommitted:
+                    await self._commit(consumer, uncommitted)
+            except KafkaError as error:  # stopping anyway: these facts are forwarded again
+                log.info("fact lane could not commit on its way out: %s", error)
+            finally:
+                await consumer.stop()
 
-    async def _facts(self, message) -> list[Output]:
-        value = message.value()
-        if not WANTED_MARKERS.named_in(value):
+    async def _facts(self, record) -> list[Output]:
+        if not WANTED_MARKERS.named_in(record.value):
             return []  # names no fact type, so it is no fact: passed over unparsed (submissions)
         try:
-            document = parse(value)
+            document = parse(record.value)
         except ContractError:
             return []  # not JSON: the faust agent reads the same record and dead-letters it
         if not isinstance(document, dict) or document.get("event_type") not in WANTED:
@@ -153,7 +133,7 @@ class FactLane:
             envelope = from_document(document)
         except ContractError as error:  # a fact only this lane validates: dead-lettered here
             DEAD_LETTERED_FACTS.inc()
-            await self.dead_letter(_as_record(message), f"contract: {error}", "contract")
+            await self.dead_letter(record, f"contract: {error}", "contract")
             return []
         try:
             outputs = self.route(envelope)
@@ -168,8 +148,19 @@ class FactLane:
         except Exception as error:  # noqa: BLE001 - a routing bug must not stop the lane (as in the agents)
             log.exception("fact lane: routing failed; record dead-lettered (event %s)", envelope.event_id)
             DEAD_LETTERED_FACTS.inc()
-            await self.dead_letter(_as_record(message), f"handler: {type(error).__name__}: {error}", "handler")
+            await self.dead_letter(record, f"handler: {type(error).__name__}: {error}", "handler")
             return []
+
+    @staticmethod
+    async def _commit(consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, int]) -> None:
+        owned = consumer.assignment()
+        offsets = {tp: o for tp, o in offsets.items() if tp in owned}
+        if not offsets:
+            return
+        try:
+            await consumer.commit(offsets)
+        except CommitFailedError as error:  # a rebalance took the partition: its new owner forwards again
+            log.info("fact lane commit refused after a rebalance (the facts are forwarded again): %s", error)
 
     async def _seed_from_takeover_group(self) -> None:
         """Before joining: commit, in this lane's group, the takeover group's offset of every
@@ -204,30 +195,15 @@ class FactLane:
 _NONE = OffsetAndMetadata(-1, "")
 
 
-def _as_record(message) -> SimpleNamespace:
-    """A librdkafka Message as the runtime's dead_letter_record takes a record (attributes)."""
-    return SimpleNamespace(key=message.key(), value=message.value(), topic=message.topic(),
-                           partition=message.partition(), offset=message.offset())
+class _Joined(ConsumerRebalanceListener):
+    def __init__(self, joined: asyncio.Event, commit_revoked: Callable[[Any], Awaitable[None]]) -> None:
+        self.joined, self.commit_revoked = joined, commit_revoked
 
+    async def on_partitions_revoked(self, revoked) -> None:
+        await self.commit_revoked(revoked)  # what was forwarded from them, before they move
 
-def _commit(consumer: Consumer, offsets: dict[tuple[str, int], int]) -> None:
-    """Commit `offsets` of the partitions this lane still owns (on the lane's thread)."""
-    owned = {(p.topic, p.partition) for p in consumer.assignment()}
-    partitions = [KafkaPartition(topic, partition, offset)
-                  for (topic, partition), offset in offsets.items() if (topic, partition) in owned]
-    if not partitions:
-        return
-    try:
-        consumer.commit(offsets=partitions, asynchronous=False)
-    except KafkaException as error:  # a rebalance took the partition: its new owner forwards again
-        log.info("fact lane commit refused (the facts are forwarded again): %s", error)
-
-
-def _close(consumer: Consumer) -> None:
-    try:
-        consumer.close()
-    except KafkaException as error:  # stopping anyway: what was not committed is forwarded again
-        log.info("fact lane could not commit on its way out: %s", error)
+    async def on_partitions_assigned(self, assigned) -> None:
+        self.joined.set()  # also with no partition: more replicas than partitions
 
 
 async def run_forever(lane: FactLane, retry_s: float = 2.0) -> None:
@@ -238,7 +214,7 @@ async def run_forever(lane: FactLane, retry_s: float = 2.0) -> None:
             await lane.run()
         except asyncio.CancelledError:
             raise
-        except (KafkaError, KafkaException, OSError) as error:
+        except (KafkaError, OSError) as error:
             log.warning("fact lane stopped (%s); restarting in %.0f s", error, retry_s)
         except Exception:  # noqa: BLE001 - whatever it was, forwarding must go on
             log.exception("fact lane failed; restarting in %.0f s", retry_s)

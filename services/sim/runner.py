@@ -40,7 +40,6 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from services.adapters.bus import AssignedReader
 from services.adapters.rdkafka_publisher import RdkafkaPublisher
 from services.contracts.codec import ContractError, Envelope, decode, decode_all, parse_utc
 from services.contracts.events import ActionAdmit, ActionCleanup, ActionEvict
@@ -351,14 +350,16 @@ class Simulator:
 
     # ------------------------------------------------------------------ loop
 
-    async def _consume_actions(self, reader: AssignedReader) -> None:
+    async def _consume_actions(self, consumer: AIOKafkaConsumer) -> None:
         while True:
-            for message in await reader.batch():
-                try:
-                    envelope = decode(message.value())
-                except ContractError:
-                    continue  # not ours to dead-letter; the watcher's consumer does that
-                self.on_action(envelope)
+            batch = await consumer.getmany(timeout_ms=200)
+            for records in batch.values():
+                for record in records:
+                    try:
+                        envelope = decode(record.value)
+                    except ContractError:
+                        continue  # not ours to dead-letter; the watcher's consumer does that
+                    self.on_action(envelope)
 
     def _unfinished(self) -> int:
         """Workloads submitted and not done: waiting, suspended, starting or running."""
@@ -377,25 +378,26 @@ class Simulator:
             return f"nothing happened for {quiet:.1f} s; {unfinished} workloads not done (never admitted, or waiting)"
         return ""
 
-    async def _consume_verdicts(self, reader: AssignedReader) -> None:
+    async def _consume_verdicts(self, consumer: AIOKafkaConsumer) -> None:
         """Settle mode: note the workloads that will never run (rejected, deactivated). Every
         other record of qm.workloads is passed over unparsed."""
         while True:
-            for message in await reader.batch():
-                value = message.value()
-                if not any(marker in value for marker in _NOT_TO_RUN):
-                    continue
-                try:
-                    envelopes = decode_all(value)  # a bundle: each of its verdicts (ADR 0034)
-                except ContractError:
-                    continue  # the services' consumers dead-letter it
-                for envelope in envelopes:
-                    st = self.workloads.get(getattr(envelope.payload, "uid", ""))
-                    if st is not None and envelope.event_type in _NOT_TO_RUN_TYPES \
-                            and st.status in ("new", "waiting", "suspended"):
-                        st.status = "not-to-run"
-                        self.stats.not_to_run += 1
-                        self._last_activity = time.monotonic()
+            batch = await consumer.getmany(timeout_ms=200)
+            for records in batch.values():
+                for record in records:
+                    if not any(marker in record.value for marker in _NOT_TO_RUN):
+                        continue
+                    try:
+                        envelopes = decode_all(record.value)  # a bundle: each of its verdicts (ADR 0034)
+                    except ContractError:
+                        continue  # the services' consumers dead-letter it
+                    for envelope in envelopes:
+                        st = self.workloads.get(getattr(envelope.payload, "uid", ""))
+                        if st is not None and envelope.event_type in _NOT_TO_RUN_TYPES \
+                                and st.status in ("new", "waiting", "suspended"):
+                            st.status = "not-to-run"
+                            self.stats.not_to_run += 1
+                            self._last_activity = time.monotonic()
 
     async def _progress(self, now_sim: float, *, done: bool = False) -> None:
         self.stats.sim_seconds = now_sim
@@ -407,23 +409,24 @@ class Simulator:
             if asyncio.iscoroutine(result):
                 await result
 
-    async def _reader_from_now(self, topic: str) -> AssignedReader:
-        """A reader of every partition of one topic, from its end (earlier runs' records are not
-        ours), positioned before anything is published. librdkafka fetches (ADR 0055): the
-        simulated cluster shares the cores with what it measures."""
-        lookup = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
-        await lookup.start()
+    async def _reader_from_now(self, topic: str) -> AIOKafkaConsumer:
+        """A consumer of every partition of one topic, from its end (earlier runs' records are
+        not ours), positioned before anything is published."""
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                                    auto_offset_reset="earliest")
+        await consumer.start()
         topic = self.prefix + topic
-        try:
-            partitions = lookup.partitions_for_topic(topic)
-            if partitions is None:
-                await lookup._client.force_metadata_update()
-                partitions = lookup.partitions_for_topic(topic) or set()
-            tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-            ends = await lookup.end_offsets(tps) if tps else {}
-        finally:
-            await lookup.stop()
-        return AssignedReader(self.bootstrap, [(tp.topic, tp.partition, ends[tp]) for tp in tps])
+        partitions = consumer.partitions_for_topic(topic)
+        if partitions is None:
+            await consumer._client.force_metadata_update()
+            partitions = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        consumer.assign(tps)
+        if tps:
+            await consumer.seek_to_end(*tps)
+            for tp in tps:
+                await consumer.position(tp)
+        return consumer
 
     async def run(self) -> SimStats:
         consumers = [await self._reader_from_now("qm.actions")]
@@ -494,7 +497,7 @@ class Simulator:
                 except (asyncio.CancelledError, Exception):
                     pass
             for consumer in consumers:
-                consumer.close()
+                await consumer.stop()
         return self.stats
 
 

@@ -1,6 +1,5 @@
-"""QM_PRODUCER_LINGER_MS: how long the services' producers wait to share a request among records
-sent close together (ADR 0037). By default they send each at once, as faust does. QM_OUTPUT_PRODUCER:
-which client sends the outputs (ADR 0054)."""
+"""QM_PRODUCER_LINGER_MS: how long the services' producer waits to share a request among records
+sent close together (ADR 0037). By default it sends each at once, as faust does."""
 
 from __future__ import annotations
 
@@ -9,12 +8,7 @@ import uuid
 
 import pytest
 
-from services.adapters.runtime import (
-    PRODUCER_LINGER_MS,
-    ServiceRuntime,
-    output_producer_choice,
-    producer_linger_ms,
-)
+from services.adapters.runtime import PRODUCER_LINGER_MS, ServiceRuntime, producer_linger_ms
 from services.adapters.settings import Settings
 
 
@@ -37,11 +31,3 @@ def test_a_linger_that_is_not_whole_milliseconds_stops_the_service_naming_the_se
 
 def test_zero_sends_at_once_and_unset_is_the_default():
     assert producer_linger_ms("0") == 0 and producer_linger_ms(None) == 0 and producer_linger_ms(" 5 ") == 5
-
-
-
-def test_the_output_producer_is_librdkafka_by_default_and_a_wrong_name_says_the_choices():
-    assert output_producer_choice(None) == "librdkafka"
-    assert output_producer_choice("aiokafka") == "aiokafka"
-    with pytest.raises(SystemExit, match="QM_OUTPUT_PRODUCER='rdkafka': expected one of librdkafka, aiokafka"):
-        output_producer_choice("rdkafka")

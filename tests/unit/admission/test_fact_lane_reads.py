@@ -30,8 +30,7 @@ def lane_and_routed():
 
 def facts_of(value):
     lane, routed = lane_and_routed()
-    message = SimpleNamespace(value=lambda: value)  # as confluent-kafka's Message gives it
-    return asyncio.run(lane._facts(message)), routed
+    return asyncio.run(lane._facts(SimpleNamespace(value=value))), routed
 
 
 def test_a_pod_fact_is_routed():
