@@ -24,7 +24,7 @@ import faust
 import orjson
 from faust.streams import _current_event as _faust_current_event
 from faust.streams import current_event
-from faust.transport.consumer import CONSUMER_FETCHING, ack_lock
+from faust.transport.consumer import ack_lock
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread as _KafkaConsumerThread
 from faust.transport.drivers.aiokafka import Consumer as _KafkaConsumer
 from faust.transport.drivers.aiokafka import ensure_aiokafka_TP
@@ -374,76 +374,6 @@ class _HandledOnlyConsumer(_KafkaConsumer):
         records = await super()._getmany(active_partitions, timeout)
         runtime = getattr(self.app, "qm_runtime", None)
         return runtime.pass_over_unread(records) if runtime is not None and records else records
-
-    async def _drain_messages(self, fetcher: Any) -> None:
-        """faust's loop from fetched records to its agents' channels (faust-streaming 0.15.3's
-        `Consumer._drain_messages`), with one change: while the flow is active, each record's
-        delivery is awaited directly, then the event loop gets a turn (ADR 0054).
-
-        faust races every delivery against its flow being suspended (`wait_first`: two tasks and
-        an `asyncio.wait` per record); handing a record to an agent took half the CPU without it
-        (bench_delivery). The turn of the loop is what the race also gave: the folds run between
-        deliveries, not only once a whole fetch is queued (without it kueue-baseline was ~2.5 s
-        slower). A delivery only waits when the flow is suspended (a rebalance) or a channel is
-        full. One that waited through a rebalance is of the old generation, which the runtime
-        passes over (`is_current`), and its read offset is not recorded: the assignment's seek
-        has set it."""
-        callback = self.callback
-        getmany = self.getmany
-        consumer_should_stop = self._stopped.is_set
-        fetcher_should_stop = fetcher._stopped.is_set
-        get_read_offset = self._read_offset.__getitem__
-        set_read_offset = self._read_offset.__setitem__
-        set_flag, unset_flag = self.diag.set_flag, self.diag.unset_flag
-        commit_every = self._commit_every
-        acks_enabled_for = self.app.topics.acks_enabled_for
-        app = self.app
-        num_since_yield = 0
-        try:
-            while not (consumer_should_stop() or fetcher_should_stop()):
-                set_flag(CONSUMER_FETCHING)
-                ait = getmany(timeout=1.0)
-                await self.sleep(0)  # as faust: getmany may not yield to the loop
-                if not self.should_stop:
-                    async for tp, message in ait:
-                        num_since_yield += 1
-                        if num_since_yield > 100:
-                            await asyncio.sleep(0)
-                            num_since_yield = 0
-                        offset = message.offset
-                        r_offset = get_read_offset(tp)
-                        if r_offset is None or offset >= r_offset:
-                            gap = offset - (r_offset or 0)
-                            if gap > 1 and r_offset and acks_enabled_for(message.topic):
-                                await self._add_gap(tp, r_offset + 1, offset)
-                            if commit_every is not None and self._n_acked >= commit_every:
-                                self._n_acked = 0
-                                await self.commit()
-                            if self.flow_active:
-                                generation = app.consumer_generation_id
-                                await callback(message)
-                                await asyncio.sleep(0)  # a turn of the loop per record, as faust's race gave
-                                if not self.flow_active or app.consumer_generation_id != generation:
-                                    continue  # delivered across a rebalance: the seek set the offset
-                            else:
-                                await self.wait_first(callback(message), self.suspend_flow.wait())
-                            set_read_offset(tp, offset)
-                    unset_flag(CONSUMER_FETCHING)
-        except self.consumer_stopped_errors:
-            if self.transport.app.should_stop:
-                self.log.info("Broker stopped consumer, shutting down...")
-                return
-            raise
-        except asyncio.CancelledError:
-            if self.transport.app.should_stop:
-                self.log.info("Consumer shutting down for user cancel.")
-                return
-            raise
-        except Exception as exc:
-            self.log.exception("Drain messages raised: %r", exc)
-            raise
-        finally:
-            unset_flag(CONSUMER_FETCHING)
 
     async def _add_gap(self, tp: Any, offset_from: int, offset_to: int) -> None:
         """faust calls this when a fetch's records skip offsets, and counts them acknowledged
