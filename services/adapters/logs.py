@@ -78,3 +78,10 @@ def configure(service: str, level: str = "info") -> None:
     # faust and aiokafka are chatty at INFO; their warnings still show.
     for noisy in ("faust", "aiokafka", "mode"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+
+
+def format_as_json(logger: logging.Logger, service: str) -> None:
+    """Give every handler of `logger` the JSON format, after a library set up its own (faust's
+    worker replaces the root handlers with a text format that drops every field)."""
+    for handler in logger.handlers:
+        handler.setFormatter(JsonFormatter(service))

@@ -465,6 +465,20 @@ class _App(faust.App):
         return transport
 
 
+class _Worker(faust.Worker):
+    """faust's worker, keeping the service's JSON log lines. Its logging setup replaces the root
+    handlers with a text format that drops every field (a rewind's topic, partition and offset,
+    a dead letter's event id), and its terminal spinner wrote escape codes into the log."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.spinner = None
+
+    def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
+        super().on_setup_root_logger(logger, level)
+        logs.format_as_json(logger, self.app.qm_runtime.settings.service)
+
+
 EVENT_LOOPS = ("uvloop", "aio")
 
 
@@ -537,6 +551,7 @@ class ServiceRuntime:
             producer_linger=PRODUCER_LINGER_MS / 1000,
             producer_partitioner=KeyPartitioner(),  # murmur2 once per key, not per record
             Table=RecoveredTable,  # recovery decodes each key's last changelog record only
+            Worker=_Worker,  # JSON log lines under `python -m <service> worker` too
             # A crashed worker's partitions move on within seconds, not faust's default minute.
             broker_session_timeout=float(os.environ.get("QM_SESSION_TIMEOUT_S", 10)),
             broker_heartbeat_interval=float(os.environ.get("QM_HEARTBEAT_INTERVAL_S", 2)),

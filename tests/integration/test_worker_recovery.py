@@ -209,3 +209,9 @@ async def test_malformed_message_goes_to_the_dlq_and_the_stream_goes_on(kafka_bo
     assert reasons[2].startswith("handler: AttributeError")
     assert dead[0].value == b"{this is not json"
     assert dict(dead[0].headers)["qm-source-topic"] == (topic_prefix + "qm.workloads").encode()
+    # The worker logs JSON lines under faust's `worker` command too, fields and all: on-call
+    # finds the failed event by its id.
+    lines = [orjson.loads(line) for line in (tmp_path / "w.log").read_text().splitlines() if line.startswith("{")]
+    [failed] = [line for line in lines if line["msg"] == "handler failed; message dead-lettered"]
+    assert failed["event_id"] == wrong_event.event_id and failed["topic"] == "qm.workloads", failed
+    assert failed["service"] == "usage-test-worker" and "AttributeError" in failed["error"]
