@@ -10,7 +10,9 @@
 # Settings (environment): QM_KAFKA_PORT (9092), QM_KAFKA_CONTROLLER_PORT (9093),
 # QM_KAFKA_HOME (~/.cache/quartermaster/kafka-run), QM_CACHE (~/.cache/quartermaster),
 # QM_KAFKA_START_TIMEOUT (300 s to wait for the broker to answer), QM_KAFKA_JVM_OPTS (more JVM
-# flags for the broker, e.g. -XX:TieredStopAtLevel=1 to trade its JIT warm-up for slower code: ADR 0043).
+# flags for the broker, e.g. -XX:TieredStopAtLevel=1 to trade its JIT warm-up for slower code: ADR 0043),
+# QM_KAFKA_PROPERTIES (more server.properties lines, space-separated, applied at the next start,
+# e.g. "num.network.threads=1 num.io.threads=2").
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -75,6 +77,8 @@ auto.create.topics.enable=true
 log.retention.hours=168
 log.cleaner.enable=true
 EOF
+  # shellcheck disable=SC2086 # one property per word
+  if [ -n "${QM_KAFKA_PROPERTIES:-}" ]; then printf '%s\n' $QM_KAFKA_PROPERTIES >>"$config"; fi
   cat >"$run_dir/log4j2.properties" <<EOF
 status = warn
 appender.file.type = File
