@@ -315,6 +315,12 @@ def mirror_pause(thread: Any, tps: list[Any], *, pause: bool) -> None:
     loop.call_soon_threadsafe(apply)
 
 
+# How often a worker's consumer asks the broker for cluster metadata, which is when it finds a topic
+# created after it joined its group (then the group rebalances onto it). faust's default, 5 minutes,
+# left a ready service reading nothing that long when it started before `qm topics create`.
+METADATA_MAX_AGE_MS = int(os.environ.get("QM_METADATA_MAX_AGE_MS", 30_000))
+
+
 # How long the broker may hold a worker's fetch for data (faust fixes 1,500 ms). aiokafka
 # keeps one fetch in flight per broker, and a partition whose records were still buffered when
 # it was sent is not in it: that partition's next records wait for the fetch to come back.
@@ -552,6 +558,9 @@ class ServiceRuntime:
             producer_partitioner=KeyPartitioner(),  # murmur2 once per key, not per record
             Table=RecoveredTable,  # recovery decodes each key's last changelog record only
             Worker=_Worker,  # JSON log lines under `python -m <service> worker` too
+            # How often the consumer refreshes cluster metadata (faust: 5 min). A service started
+            # before its topics exist, or before partitions are added, reads nothing until then.
+            consumer_metadata_max_age_ms=METADATA_MAX_AGE_MS,
             # A crashed worker's partitions move on within seconds, not faust's default minute.
             broker_session_timeout=float(os.environ.get("QM_SESSION_TIMEOUT_S", 10)),
             broker_heartbeat_interval=float(os.environ.get("QM_HEARTBEAT_INTERVAL_S", 2)),

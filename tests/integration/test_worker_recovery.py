@@ -15,7 +15,7 @@ from collections import Counter
 import orjson
 import pytest
 
-from services.adapters.bus import DLQ_ERROR, Publisher, read_envelopes, read_topic
+from services.adapters.bus import DLQ_ERROR, Publisher, create_topics, read_envelopes, read_topic
 from services.contracts.codec import event_id_for, make_envelope
 from services.contracts.events import WorkloadPending, WorkloadQuotaReserved, WorkloadReleased
 from tests.integration.processes import kill_when_written, start_worker
@@ -173,6 +173,27 @@ async def test_sigkill_mid_stream_loses_nothing_and_applies_nothing_twice(
         assert len(ids) == len(events)
     # (Over two topics the order between them is not fixed: an event re-applied after the crash
     # may meet its namespace's other events in another order and say another running total.)
+
+
+async def test_a_topic_created_after_the_worker_is_ready_is_read(kafka_bootstrap, tmp_path):
+    """A service started before `qm topics create` joins its group without its input topic and
+    is ready. Its consumer's next metadata refresh (QM_METADATA_MAX_AGE_MS; 5 s here, 30 s by
+    default, faust's own 5 min) finds the topic, and the group rebalances onto it."""
+    prefix = f"t{uuid.uuid4().hex[:10]}."  # no topics yet (cleaned up with the run's, see conftest)
+    env = {**worker_env(prefix, f"-{uuid.uuid4().hex[:8]}", tmp_path), "QM_METADATA_MAX_AGE_MS": "5000"}
+    worker = start_worker("tests.integration.workers.usage_worker", env, tmp_path / "w.log")
+    try:
+        worker.wait_ready()
+        await create_topics(kafka_bootstrap, prefix)
+        events = usage_events(20)
+        await publish_all(kafka_bootstrap, prefix, events)
+
+        async def all_applied():
+            return await distinct_outputs(kafka_bootstrap, prefix + "qm.usage") == len(events)
+
+        await wait_for(all_applied, 60, "the events of a topic created after the worker was ready")
+    finally:
+        worker.stop()
 
 
 async def test_malformed_message_goes_to_the_dlq_and_the_stream_goes_on(kafka_bootstrap, topic_prefix, tmp_path):
