@@ -578,6 +578,7 @@ class ServiceRuntime:
         self._cursor_tables: dict[str, faust.Table] = {}
         self._next_offset: dict[Any, int] = {}
         self._rewinding: dict[Any, tuple[int, float]] = {}  # tp -> (offset sought, when)
+        self._reported_missing: set[str] = set()  # consumed topics said to be missing (readyz)
         self.app.timer(REWIND_RETRY_S, name="retry_rewinds")(self._retry_rewinds)
         self._topics: dict[str, faust.TopicT] = {}
         self._seen_index: dict[tuple[int, str], tuple[list[str], set[str]]] = {}
@@ -1331,6 +1332,18 @@ class ServiceRuntime:
 
     # -- http ---------------------------------------------------------------------------
 
+    def missing_topics(self) -> list[str]:
+        """Consumed topics the consumer's metadata does not hold: not created yet. The group's
+        assignment leaves them out until the next metadata refresh finds them (ADR 0057), so a
+        service without them reads nothing; each is logged once, with what to do."""
+        consumer = self.app.consumer
+        missing = sorted(t for t in self.app.qm_guarded_topics if not consumer.topic_partitions(t))
+        for topic in set(missing) - self._reported_missing:
+            self.log.error("a consumed topic does not exist; create it (`qm topics create`), and this service "
+                           "reads it within QM_METADATA_MAX_AGE_MS", topic=topic)
+        self._reported_missing = set(missing)
+        return missing
+
     def _register_pages(self) -> None:
         app = self.app
 
@@ -1345,9 +1358,11 @@ class ServiceRuntime:
             # fresh broker the first join waits for the group coordinator to load.
             joined = app.consumer_generation_id > 0
             also = {name: bool(check()) for name, check in self.ready_checks.items()}
-            ready = joined and not app.rebalancing and not recovering and all(also.values())
+            missing = self.missing_topics() if joined else []
+            ready = joined and not app.rebalancing and not recovering and not missing and all(also.values())
             return web.json(
-                {"ready": ready, "joined": joined, "rebalancing": app.rebalancing, "recovering": recovering, **also},
+                {"ready": ready, "joined": joined, "rebalancing": app.rebalancing, "recovering": recovering,
+                 "missing_topics": missing, **also},
                 status=200 if ready else 503,
             )
 
