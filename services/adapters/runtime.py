@@ -1336,8 +1336,13 @@ class ServiceRuntime:
         """Consumed topics the consumer's metadata does not hold: not created yet. The group's
         assignment leaves them out until the next metadata refresh finds them (ADR 0057), so a
         service without them reads nothing; each is logged once, with what to do."""
-        consumer = self.app.consumer
-        missing = sorted(t for t in self.app.qm_guarded_topics if not consumer.topic_partitions(t))
+        # aiokafka's cluster metadata, which every member refreshes (faust's `topic_partitions`
+        # reads the coordinator's snapshot, which only the group's leader keeps)
+        kafka_consumer = getattr(getattr(self.app.consumer, "_thread", None), "_consumer", None)
+        if kafka_consumer is None:
+            return []
+        cluster = kafka_consumer._client.cluster
+        missing = sorted(t for t in self.app.qm_guarded_topics if not cluster.partitions_for_topic(t))
         for topic in set(missing) - self._reported_missing:
             self.log.error("a consumed topic does not exist; create it (`qm topics create`), and this service "
                            "reads it within QM_METADATA_MAX_AGE_MS", topic=topic)
