@@ -781,7 +781,7 @@ class ServiceRuntime:
                     self._read_again_after_rebalance(event, batch, label)
                     continue
                 tp, offset = event.message.tp, event.message.offset
-                expected = batch.next_offsets[tp][0] if tp in batch.next_offsets else self._next_offset.get(tp)
+                expected = self._cursor(batch, tp)
                 dropped = self._passed_over.get(tp)
                 follows = dropped.pop(offset, offset) if dropped else offset  # records nobody reads
                 if expected is not None and offset < expected:
@@ -1018,6 +1018,10 @@ class ServiceRuntime:
         tps = await self._store_due(float("inf"))  # every value whose agent is between batches
         await self._store_tps(tps)
 
+    def _cursor(self, batch: _Batch, tp: Any) -> int | None:
+        """The next offset of `tp` to apply, as a batch under way sees it (None: not known)."""
+        return batch.next_offsets[tp][0] if tp in batch.next_offsets else self._next_offset.get(tp)
+
     def _read_again_after_rebalance(self, event: Any, batch: _Batch, label: str) -> None:
         """An event not applied because a rebalance is under way. Fetched in an earlier
         generation, it is read again from where the next assignment positions its partition.
@@ -1029,7 +1033,7 @@ class ServiceRuntime:
         if not self._still_owned(event):
             return
         tp, offset = event.message.tp, event.message.offset
-        expected = batch.next_offsets[tp][0] if tp in batch.next_offsets else self._next_offset.get(tp)
+        expected = self._cursor(batch, tp)
         if expected is None or offset < expected:
             return
         REFETCHED_AFTER_REBALANCE.labels(self.settings.service, label).inc()
@@ -1041,21 +1045,24 @@ class ServiceRuntime:
         `_retry_rewinds` for when the re-read does not come)."""
         sought = self._rewinding.get(tp)
         if sought is not None and sought[0] == expected:
-            if sought[1] != _NOT_SOUGHT:
-                return
-            await self._read_again(tp, expected)  # passed over at a rebalance's end, not skipped
+            if sought[1] == _NOT_SOUGHT:
+                await self._read_again(tp, expected)  # passed over at a rebalance's end, not skipped
             return
         REWINDS.labels(self.settings.service, label).inc()
         self.log.warning("events skipped by the consumer; reading the partition again from the first not applied",
                          topic=tp.topic, partition=tp.partition, offset=got,
                          detail=f"first offset not applied: {expected}")
-        self._rewinding[tp] = (expected, time.monotonic())
-        await self.app.consumer.seek_safely(tp, expected)
+        await self._seek_back(tp, expected)
 
     async def _read_again(self, tp: Any, expected: int) -> None:
         """Seek a partition marked by `_read_again_after_rebalance` back to its cursor."""
         self.log.info("events passed over while a rebalance finished; reading the partition again",
                       topic=tp.topic, partition=tp.partition, detail=f"first offset not applied: {expected}")
+        await self._seek_back(tp, expected)
+
+    async def _seek_back(self, tp: Any, expected: int) -> None:
+        """Seek a partition to its cursor, noting when (`_retry_rewinds` seeks again if the
+        re-read does not begin)."""
         self._rewinding[tp] = (expected, time.monotonic())
         await self.app.consumer.seek_safely(tp, expected)
 
@@ -1070,8 +1077,7 @@ class ServiceRuntime:
             if since == _NOT_SOUGHT:
                 await self._read_again(tp, expected)
             elif now - since >= REWIND_RETRY_S:
-                self._rewinding[tp] = (expected, now)
-                await self.app.consumer.seek_safely(tp, expected)
+                await self._seek_back(tp, expected)
 
     def pass_over_unread(self, records: dict[Any, list[Any]]) -> dict[Any, list[Any]]:
         """A fetch's records without those no handler reads (see TypeSieve), noting for the
