@@ -7,11 +7,14 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from services.demo.stack import free_base_port
 
@@ -34,6 +37,21 @@ class Worker:
                 return response.status == 200
         except OSError:
             return False
+
+    def readiness(self) -> dict:
+        """The worker's /readyz answer, ready or not ({} while it does not answer)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2) as response:
+                return orjson.loads(response.read())
+        except urllib.error.HTTPError as refused:
+            return orjson.loads(refused.read())
+        except OSError:
+            return {}
+
+    def json_log(self) -> list[dict]:
+        """The worker's JSON log lines, parsed (faust's start-up banner is text, left out)."""
+        text = self.log_path.read_text() if self.log_path.exists() else ""
+        return [orjson.loads(line) for line in text.splitlines() if line.startswith("{")]
 
     def wait_ready(self, timeout_s: float = 180) -> None:
         deadline = time.monotonic() + timeout_s

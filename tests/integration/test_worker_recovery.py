@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections import Counter
 
@@ -179,8 +177,9 @@ async def test_sigkill_mid_stream_loses_nothing_and_applies_nothing_twice(
 
 async def test_a_topic_created_after_the_worker_is_ready_is_read(kafka_bootstrap, tmp_path):
     """A service started before `qm topics create` joins its group without its input topic, and
-    says so on /readyz (not ready, the topic named). Its consumer's next metadata refresh (QM_METADATA_MAX_AGE_MS; 5 s here, 30 s by
-    default, faust's own 5 min) finds the topic, and the group rebalances onto it."""
+    says so on /readyz (not ready, the topic named). Its consumer's next metadata refresh
+    (QM_METADATA_MAX_AGE_MS; 5 s here, 30 s by default, faust's own 5 min) finds the topic, and
+    the group rebalances onto it."""
     prefix = f"t{uuid.uuid4().hex[:10]}."  # no topics yet (cleaned up with the run's, see conftest)
     env = {**worker_env(prefix, f"-{uuid.uuid4().hex[:8]}", tmp_path), "QM_METADATA_MAX_AGE_MS": "5000"}
     worker = start_worker("tests.integration.workers.usage_worker", env, tmp_path / "w.log")
@@ -188,7 +187,7 @@ async def test_a_topic_created_after_the_worker_is_ready_is_read(kafka_bootstrap
         readiness = {}
         deadline = time.monotonic() + 120
         while not readiness.get("joined") and time.monotonic() < deadline:
-            readiness = await asyncio.to_thread(readyz, worker.port)
+            readiness = await asyncio.to_thread(worker.readiness)
             await asyncio.sleep(0.3)
         assert readiness["ready"] is False and readiness["missing_topics"] == [prefix + "qm.workloads"], readiness
         await create_topics(kafka_bootstrap, prefix)
@@ -202,20 +201,8 @@ async def test_a_topic_created_after_the_worker_is_ready_is_read(kafka_bootstrap
         await wait_for(all_applied, 60, "the events of a topic created after the worker was ready")
     finally:
         worker.stop()
-    lines = [orjson.loads(line) for line in (tmp_path / "w.log").read_text().splitlines() if line.startswith("{")]
-    said = [line for line in lines if line["msg"].startswith("a consumed topic does not exist")]
+    said = [line for line in worker.json_log() if line["msg"].startswith("a consumed topic does not exist")]
     assert [line["topic"] for line in said] == [prefix + "qm.workloads"], said  # once, with what to do
-
-
-def readyz(port: int) -> dict:
-    """The worker's /readyz answer, ready or not ({} while it does not answer)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as response:
-            return orjson.loads(response.read())
-    except urllib.error.HTTPError as refused:
-        return orjson.loads(refused.read())
-    except OSError:
-        return {}
 
 
 async def test_malformed_message_goes_to_the_dlq_and_the_stream_goes_on(kafka_bootstrap, topic_prefix, tmp_path):
@@ -254,7 +241,6 @@ async def test_malformed_message_goes_to_the_dlq_and_the_stream_goes_on(kafka_bo
     assert dict(dead[0].headers)["qm-source-topic"] == (topic_prefix + "qm.workloads").encode()
     # The worker logs JSON lines under faust's `worker` command too, fields and all: on-call
     # finds the failed event by its id.
-    lines = [orjson.loads(line) for line in (tmp_path / "w.log").read_text().splitlines() if line.startswith("{")]
-    [failed] = [line for line in lines if line["msg"] == "handler failed; message dead-lettered"]
+    [failed] = [line for line in worker.json_log() if line["msg"] == "handler failed; message dead-lettered"]
     assert failed["event_id"] == wrong_event.event_id and failed["topic"] == "qm.workloads", failed
     assert failed["service"] == "usage-test-worker" and "AttributeError" in failed["error"]
