@@ -35,6 +35,7 @@ from services.adapters.bus import KeyPartitioner, TypeSieve, dlq_headers
 from services.adapters.gc_tuning import freeze_startup_objects, tune_gc
 from services.adapters.recovered_tables import RecoveredTable
 from services.adapters.settings import Settings
+from services.adapters.take_batches import take_batches
 from services.contracts.codec import (
     BUNDLE_MAX,
     ContractError,
@@ -730,7 +731,7 @@ class ServiceRuntime:
                 async for event in stream.events():
                     yield [event]
             else:
-                async for events in stream.take_events(runtime.batch_size, within=runtime.batch_within_s):
+                async for events in take_batches(stream, runtime.batch_size, runtime.batch_within_s):
                     for chunk in within_batch_ids(events):
                         yield chunk
 

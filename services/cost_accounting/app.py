@@ -45,6 +45,7 @@ from services.adapters.runtime import (
     record_position,
 )
 from services.adapters.settings import Settings, milliseconds_env
+from services.adapters.take_batches import take_batches
 from services.contracts.codec import ContractError, Envelope
 from services.contracts.events import RECORD_TYPES
 from services.contracts.schemas import topic_specs
@@ -281,8 +282,7 @@ async def fold_budgets(stream):
     # changelog store and an acknowledgement per row) it folded ~600 rows/s, the replay's
     # slowest stage. A record is a bundle of up to BUNDLE_ROWS_MAX rows, so a batch takes
     # few records (ADR 0033).
-    async for events in stream.take_events(min(runtime.batch_size, BUDGET_BATCH_RECORDS),
-                                           within=runtime.batch_within_s):
+    async for events in take_batches(stream, min(runtime.batch_size, BUDGET_BATCH_RECORDS), runtime.batch_within_s):
         await runtime.process(events, _fold_budget, "by-cost-center", defer=True)
 
 
