@@ -8,9 +8,9 @@ services about a quarter of a core together, much of it while they had little to
 busiest phase of kueue-baseline too (preemption reads a few hundred events in a whole run).
 
 ``take_batches`` is the same generator with one more wait: while its buffer is empty it
-sleeps until the first event comes, then gives the batch ``within`` to fill, as before. Under
-load nothing changes (the buffer is never empty for long); an event that reaches an idle agent
-waits ``within`` for company where it waited ``within / 2`` on average.
+sleeps until the first event comes. The batch is then yielded when faust's would have been: at
+the first tick (every ``within`` since the last batch) that finds it non-empty, or at once when
+full. Only the empty ticks are gone.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from mode.utils.futures import notify
 
 
 def take_batches(stream: Any, max_: int, within: float) -> AsyncGenerator[list[Any], None]:
-    """Events of `stream` in lists of at most `max_`, each yielded `within` seconds after its
-    first event came (at once when full), acknowledged once the consumer asks for the next.
+    """Events of `stream` in lists of at most `max_`, each yielded at the first tick (every
+    `within` seconds since the last) after its first event came, or at once when full, and
+    acknowledged once the consumer asks for the next.
     Registered on the stream as faust's own buffering generators are, so stopping the stream
     closes it."""
     batches = _take_batches(stream, max_, within)
@@ -70,12 +71,17 @@ async def _take_batches(stream: Any, max_: int, within: float) -> AsyncGenerator
     stream.enable_acks = False  # acknowledged here, once handled
     stream.add_processor(add_to_buffer)
     stream._enable_passive(aiter(stream.channel))
+    loop = asyncio.get_running_loop()
+    ticks_from = loop.time()
     try:
         while not stream.should_stop:
             if not started.is_set():
                 await stream.wait_for_stopped(started)  # asleep while nothing comes
             if not full.is_set():
-                await stream.wait_for_stopped(full, timeout=within)
+                # faust's loop ticks every `within` from the last batch and yields at the first
+                # tick with events: the same tick here, without the empty ones before it
+                waited = loop.time() - ticks_from
+                await stream.wait_for_stopped(full, timeout=within - waited % within)
             if not events:
                 continue
             consuming = stream.loop.create_future()
@@ -90,6 +96,7 @@ async def _take_batches(stream: Any, max_: int, within: float) -> AsyncGenerator
                 full.clear()
                 started.clear()
                 consumed.set()
+                ticks_from = loop.time()
     finally:
         stream.enable_acks = acks_were_enabled
         stream._processors.remove(add_to_buffer)

@@ -84,12 +84,16 @@ async def test_an_idle_agent_sleeps_until_an_event_comes(stream):
     await batches.close()
 
 
-async def test_the_first_event_after_a_quiet_spell_waits_within_for_company(stream):
+async def test_events_after_a_quiet_spell_come_together_at_the_next_tick(stream):
+    loop = asyncio.get_running_loop()
     batches = Batches(stream, max_=100, within=0.2)
-    await batches.send(1)
-    await asyncio.sleep(0.05)
-    await batches.send(2)
+    await batches.send(0)
+    assert await batches.next_batch() == [0]
+    await asyncio.sleep(0.5)  # ticks with nothing to take: slept through
+    sent = loop.time()
+    await batches.send(1, 2)
     assert await batches.next_batch() == [1, 2]
+    assert loop.time() - sent < 0.2 + 0.3  # the next tick is at most `within` away (slack: a slow machine)
     await batches.close()
 
 
