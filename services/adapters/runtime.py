@@ -30,7 +30,10 @@ from faust.transport.drivers.aiokafka import Consumer as _KafkaConsumer
 from faust.transport.drivers.aiokafka import ensure_aiokafka_TP
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Info, generate_latest
 
-from services.adapters import logs
+from services.adapters import (
+    logs,
+    worker_command,  # noqa: F401 - defines the services' `worker` command
+)
 from services.adapters.bus import KeyPartitioner, TypeSieve, dlq_headers
 from services.adapters.gc_tuning import freeze_startup_objects, tune_gc
 from services.adapters.recovered_tables import RecoveredTable

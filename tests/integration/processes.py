@@ -49,7 +49,7 @@ class Worker:
             return {}
 
     def json_log(self) -> list[dict]:
-        """The worker's JSON log lines, parsed (faust's start-up banner is text, left out)."""
+        """The worker's JSON log lines, parsed (anything else, such as a crash's traceback, left out)."""
         text = self.log_path.read_text() if self.log_path.exists() else ""
         return [orjson.loads(line) for line in text.splitlines() if line.startswith("{")]
 

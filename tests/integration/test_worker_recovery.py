@@ -219,7 +219,8 @@ async def test_malformed_message_goes_to_the_dlq_and_the_stream_goes_on(kafka_bo
         await bus.publish("qm.workloads", good.payload.namespace, good)
         await bus.flush()
 
-    worker = start_worker("tests.integration.workers.usage_worker", worker_env(topic_prefix, suffix, tmp_path), tmp_path / "w.log")
+    worker = start_worker("tests.integration.workers.usage_worker", worker_env(topic_prefix, suffix, tmp_path),
+                          tmp_path / "w.log", loglevel="info")
     changelog = f"qm-usage-test-worker{suffix}-namespace_gpu_usage-changelog"
     try:
         worker.wait_ready()
@@ -244,3 +245,7 @@ async def test_malformed_message_goes_to_the_dlq_and_the_stream_goes_on(kafka_bo
     [failed] = [line for line in worker.json_log() if line["msg"] == "handler failed; message dead-lettered"]
     assert failed["event_id"] == wrong_event.event_id and failed["topic"] == "qm.workloads", failed
     assert failed["service"] == "usage-test-worker" and "AttributeError" in failed["error"]
+    # faust's start-up banner is a JSON line too, not a text table before the first one
+    assert worker.log_path.read_text().startswith("{"), worker.log_path.read_text()[:300]
+    [starting] = [line for line in worker.json_log() if line["msg"] == "worker starting"]
+    assert f"id qm-usage-test-worker{suffix}" in starting["detail"] and "web http://" in starting["detail"], starting
