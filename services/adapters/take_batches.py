@@ -84,14 +84,13 @@ async def _take_batches(stream: Any, max_: int, within: float) -> AsyncGenerator
                 await stream.wait_for_stopped(full, timeout=within - waited % within)
             if not events:
                 continue
-            consuming = stream.loop.create_future()
+            consuming = loop.create_future()
             try:
                 yield list(events)
             finally:
-                taken = list(events)
-                events.clear()
-                for event in taken:
+                for event in events:  # the drain waits on `consuming`: nothing is added meanwhile
                     await stream.ack(event)
+                events.clear()
                 notify(consuming)
                 full.clear()
                 started.clear()
