@@ -10,12 +10,9 @@ subclass of faust's, replaces faust's in the command line of any process that im
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import faust.cli.worker
-
-from services.adapters import logs
 
 
 class worker(faust.cli.worker.worker):  # noqa: N801 - faust names the command after the class
@@ -28,4 +25,4 @@ class worker(faust.cli.worker.worker):  # noqa: N801 - faust names the command a
             if key in ("", "+") or not value:  # the table's spacer rows
                 continue
             facts.append(f"{key} driver {value}" if name.startswith("  ") else f"{key} {value}")
-        logs.bind(logging.getLogger("qm.worker")).info("worker starting", detail="; ".join(facts))
+        worker.app.qm_runtime.log.info("worker starting", detail="; ".join(facts))
