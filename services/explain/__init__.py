@@ -224,7 +224,7 @@ def _describe(e: Envelope, names: dict[str, str]) -> tuple[str, str]:
     if t == "pod.running.v1":
         return "pod running", f"{p.name} on {p.node or '?'}"
     if t == "workload.running.v1":
-        return "running", "all pods running"
+        return "running", "its first pod runs"  # admission derives it from each pod.running; the first counts
     if t == "pod.finished.v1":
         return "pod finished", f"{p.name} {p.phase}"
     if t == "workload.prefreeze_expired.v1":

@@ -161,6 +161,17 @@ def test_troubleshooting_table(trail, verdict, phrase):
     result.to_dict()
 
 
+def test_the_running_step_says_what_it_means():
+    """workload.running.v1 is derived from each running pod (the first counts), so its line must
+    not claim that all pods run."""
+    from services.contracts.events import WorkloadRunning
+
+    started = env(WorkloadRunning(uid=UID, namespace=NS, name=NAME, started_at=at(5)), 5, "admission")
+    result = explain(KEY, [submitted(), validated(), reserved(), running(), started])
+    assert [(s.what, s.detail) for s in result.timeline if s.event_type == "workload.running.v1"] == [
+        ("running", "its first pod runs")]
+
+
 def test_waiting_for_quota_names_holders_and_flags_idle_reservations():
     trail = [*other_holders(), submitted(), validated(),
              pending(str(Reason.WAITING_FOR_QUOTA), "insufficient unused quota for nvidia.com/gpu in flavor "
