@@ -185,10 +185,13 @@ async def test_a_topic_created_after_the_worker_is_ready_is_read(kafka_bootstrap
     worker = start_worker("tests.integration.workers.usage_worker", env, tmp_path / "w.log")
     try:
         readiness = {}
-        deadline = time.monotonic() + 120
-        while not readiness.get("joined") and time.monotonic() < deadline:
+
+        async def joined():
+            nonlocal readiness
             readiness = await asyncio.to_thread(worker.readiness)
-            await asyncio.sleep(0.3)
+            return readiness.get("joined")
+
+        await wait_for(joined, 120, "the worker joining its group")
         assert readiness["ready"] is False and readiness["missing_topics"] == [prefix + "qm.workloads"], readiness
         await create_topics(kafka_bootstrap, prefix)
         await asyncio.to_thread(worker.wait_ready, 60)

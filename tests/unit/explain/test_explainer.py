@@ -20,6 +20,7 @@ from services.contracts.events import (
     WorkloadRejected,
     WorkloadReleased,
     WorkloadRequeued,
+    WorkloadRunning,
     WorkloadSubmitted,
     WorkloadValidated,
 )
@@ -164,8 +165,6 @@ def test_troubleshooting_table(trail, verdict, phrase):
 def test_the_running_step_says_what_it_means():
     """workload.running.v1 is derived from each running pod (the first counts), so its line must
     not claim that all pods run."""
-    from services.contracts.events import WorkloadRunning
-
     started = env(WorkloadRunning(uid=UID, namespace=NS, name=NAME, started_at=at(5)), 5, "admission")
     result = explain(KEY, [submitted(), validated(), reserved(), running(), started])
     assert [(s.what, s.detail) for s in result.timeline if s.event_type == "workload.running.v1"] == [
