@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -19,6 +20,17 @@ import orjson
 from services.demo.stack import free_base_port
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+async def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, *, every_s: float = 0.3) -> None:
+    """Await `condition()` every `every_s` seconds until it is true; after `timeout_s`, fail
+    the test naming `what` it waited for."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await condition():
+            return
+        await asyncio.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def free_port() -> int:

@@ -34,7 +34,7 @@ from services.cost_accounting.cohort import fold_cohorts
 from services.cost_accounting.config import config_from_documents
 from services.cost_accounting.trace_events import trace_envelopes, trace_labels
 from services.trace import lifecycle_events, read_pods, synthetic_pods, write_pod_csv
-from tests.integration.processes import kill_when_written, start_worker
+from tests.integration.processes import kill_when_written, start_worker, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 CC_LABEL = "quartermaster.dev/cost-center"
@@ -83,15 +83,6 @@ def env_for(prefix: str, suffix: str, tmp_path, *, budget: bool = False) -> dict
 
 def env(payload, at: str, *ident):
     return make_envelope(payload, producer="test", occurred_at=at, identity=ident or None)
-
-
-async def wait_for(condition, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if await condition():
-            return
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 async def count(bootstrap: str, topic: str) -> int:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 import uuid
 from collections import Counter
 
@@ -18,7 +17,7 @@ import pytest
 from services.adapters.bus import DLQ_ERROR, Publisher, create_topics, read_envelopes, read_topic
 from services.contracts.codec import event_id_for, make_envelope
 from services.contracts.events import WorkloadPending, WorkloadQuotaReserved, WorkloadReleased
-from tests.integration.processes import kill_when_written, start_worker
+from tests.integration.processes import kill_when_written, start_worker, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 NAMESPACES = [f"team-{i}" for i in range(8)]
@@ -69,15 +68,6 @@ async def publish_all(bootstrap, prefix, events, key=lambda e: e.payload.namespa
         for i, e in enumerate(events):
             await bus.publish(topics[i % len(topics)], key(e), e)
         await bus.flush()
-
-
-async def wait_for(condition, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if await condition():
-            return
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 async def topic_configs(bootstrap: str, topic: str) -> dict[str, str]:
