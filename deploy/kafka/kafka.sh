@@ -12,7 +12,8 @@
 # QM_KAFKA_START_TIMEOUT (300 s to wait for the broker to answer), QM_KAFKA_JVM_OPTS (more JVM
 # flags for the broker, e.g. -XX:TieredStopAtLevel=1 to trade its JIT warm-up for slower code: ADR 0043),
 # QM_KAFKA_PROPERTIES (more server.properties lines, space-separated, applied at the next start,
-# e.g. "num.network.threads=1 num.io.threads=2").
+# e.g. "num.network.threads=1 num.io.threads=2"), QM_KAFKA_GC (the broker's garbage collector: G1, as
+# Kafka's own scripts, or Parallel or Serial; neither moved kueue-baseline, docs/benchmarks.md).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -27,10 +28,12 @@ data_dir="$run_dir/data"
 log_file="$run_dir/broker.log"
 pid_file="$run_dir/broker.pid"
 config="$run_dir/server.properties"
+gc="${QM_KAFKA_GC:-G1}"
 
 die() { echo "kafka.sh: $*" >&2; exit 1; }
 
 require_tools() {
+  case "$gc" in G1|Parallel|Serial) ;; *) die "QM_KAFKA_GC=$gc: expected G1 (the default), Parallel or Serial";; esac
   command -v java >/dev/null || die "java not found: install a Java 17 runtime (Debian: apt-get install openjdk-17-jre-headless)"
   local major
   major="$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1)"
@@ -97,7 +100,7 @@ EOF
 
 java_cmd() {
   # Small heap: this is a development broker on a 2-core machine.
-  java -Xms256m -Xmx768m -XX:+UseG1GC -Djava.awt.headless=true \
+  java -Xms256m -Xmx768m -XX:+Use${gc}GC -Djava.awt.headless=true \
     -Dlog4j2.configurationFile="$run_dir/log4j2.properties" \
     -cp "$libs/*" "$@"
 }
@@ -115,7 +118,7 @@ start() {
     java_cmd kafka.tools.StorageTool format --standalone -t "$(java_cmd kafka.tools.StorageTool random-uuid)" \
       -c "$config" >"$run_dir/format.log" 2>&1 || die "formatting storage failed; see $run_dir/format.log"
   fi
-  nohup bash -c "exec java -Xms256m -Xmx768m -XX:+UseG1GC -Djava.awt.headless=true ${QM_KAFKA_JVM_OPTS:-} \
+  nohup bash -c "exec java -Xms256m -Xmx768m -XX:+Use${gc}GC -Djava.awt.headless=true ${QM_KAFKA_JVM_OPTS:-} \
     -Dlog4j2.configurationFile='$run_dir/log4j2.properties' -cp '$libs/*' kafka.Kafka '$config'" \
     >"$run_dir/stdout.log" 2>&1 &
   echo $! >"$pid_file"
