@@ -29,6 +29,9 @@ log_file="$run_dir/broker.log"
 pid_file="$run_dir/broker.pid"
 config="$run_dir/server.properties"
 gc="${QM_KAFKA_GC:-G1}"
+# Small heap: this is a development broker on a 2-core machine. One set of flags for the tools
+# and the broker.
+jvm_flags="-Xms256m -Xmx768m -XX:+Use${gc}GC -Djava.awt.headless=true"
 
 die() { echo "kafka.sh: $*" >&2; exit 1; }
 
@@ -99,8 +102,8 @@ EOF
 }
 
 java_cmd() {
-  # Small heap: this is a development broker on a 2-core machine.
-  java -Xms256m -Xmx768m -XX:+Use${gc}GC -Djava.awt.headless=true \
+  # shellcheck disable=SC2086 # one flag per word
+  java $jvm_flags \
     -Dlog4j2.configurationFile="$run_dir/log4j2.properties" \
     -cp "$libs/*" "$@"
 }
@@ -118,7 +121,7 @@ start() {
     java_cmd kafka.tools.StorageTool format --standalone -t "$(java_cmd kafka.tools.StorageTool random-uuid)" \
       -c "$config" >"$run_dir/format.log" 2>&1 || die "formatting storage failed; see $run_dir/format.log"
   fi
-  nohup bash -c "exec java -Xms256m -Xmx768m -XX:+Use${gc}GC -Djava.awt.headless=true ${QM_KAFKA_JVM_OPTS:-} \
+  nohup bash -c "exec java $jvm_flags ${QM_KAFKA_JVM_OPTS:-} \
     -Dlog4j2.configurationFile='$run_dir/log4j2.properties' -cp '$libs/*' kafka.Kafka '$config'" \
     >"$run_dir/stdout.log" 2>&1 &
   echo $! >"$pid_file"
