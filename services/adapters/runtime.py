@@ -50,6 +50,7 @@ from services.contracts.codec import (
     in_bundle,
 )
 from services.contracts.schemas import topic_specs
+from services.core.frozen import quick_init
 
 MESSAGES_CONSUMED = Counter("qm_messages_consumed_total", "Messages read from the bus", ["service", "topic"])
 MESSAGES_DEAD_LETTERED = Counter(
@@ -508,6 +509,7 @@ class TemporaryError(Exception):
     """A handler failure worth retrying (a dependency is briefly away); the message is redelivered."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Output:
     """One message a fold wants published: topic name (from topics.yaml), key, envelope.

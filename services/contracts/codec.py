@@ -23,6 +23,7 @@ from jsonschema import Draft202012Validator, FormatChecker
 
 from services.contracts.events import RECORD_TYPES
 from services.contracts.schemas import envelope_schema, event_schema
+from services.core.frozen import quick_init
 
 SCHEMA_VERSION = "1.0"
 
@@ -36,6 +37,7 @@ class ContractError(ValueError):
         self.problem = problem
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Envelope:
     event_id: str

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.core.frozen import quick_init
 
+
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ActionAdmit:
     """Command to the watcher: unsuspend the workload and pin it to its flavor's nodes."""
@@ -25,6 +28,7 @@ class ActionAdmit:
     flavors: dict | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ActionCleanup:
     """Command to the watcher: delete an expired or orphaned workload."""
@@ -38,6 +42,7 @@ class ActionCleanup:
     reason: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ActionEvict:
     """Command to the watcher: signal a checkpoint, wait the grace period, then stop the workload."""
@@ -52,6 +57,7 @@ class ActionEvict:
     grace_period_s: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ActionOutcome:
     """What happened when the watcher applied an action."""
@@ -65,6 +71,7 @@ class ActionOutcome:
     message: str | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AlertRaised:
     """Something a person should know (a budget threshold crossed, a workload deactivated)."""
@@ -78,6 +85,7 @@ class AlertRaised:
     message: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LedgerRow:
     """One ledger row: a workload's usage of one flavor, of one kind, within one hour (FOCUS 1.2 columns, as services/core/cost/focus.py emits them; x_ columns are Quartermaster's)."""
@@ -133,6 +141,7 @@ class LedgerRow:
     x_Priced: bool | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BudgetStatus:
     """A cost center's budget for the period: used, remaining, exhausted."""
@@ -149,6 +158,7 @@ class BudgetStatus:
     thresholds_crossed: list | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClockTick:
     """Event time advanced; timeouts and billing periods move on ticks, never on a wall clock."""
@@ -159,6 +169,7 @@ class ClockTick:
     source: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DrainDue:
     """The queue-manager's note to itself on a cohort's stream: the cohort drained at `since`;
@@ -170,6 +181,7 @@ class DrainDue:
     since: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterSignals:
     """Live cluster figures at a tick, for the dynamic quota rules of one cohort."""
@@ -180,6 +192,7 @@ class ClusterSignals:
     signals: dict
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ConfigSnapshot:
     """The active configuration set, one version all services agree on."""
@@ -192,6 +205,7 @@ class ConfigSnapshot:
     source: str | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NamespaceLabels:
     """A namespace's labels (cost center and approvals live here)."""
@@ -203,6 +217,7 @@ class NamespaceLabels:
     deleted: bool | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeCapacity:
     """A node's allocatable resources, matched to a ResourceFlavor through its labels."""
@@ -218,6 +233,7 @@ class NodeCapacity:
     deleted: bool | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PodFinished:
     """A pod of a workload stopped (succeeded, failed, or deleted)."""
@@ -235,6 +251,7 @@ class PodFinished:
     workload_name: str | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PodRunning:
     """A pod of a workload started running on a node."""
@@ -252,6 +269,7 @@ class PodRunning:
     workload_name: str | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PreemptionNeeded:
     """A workload cannot get quota without someone giving way; carries what the preemption service needs."""
@@ -264,6 +282,7 @@ class PreemptionNeeded:
     message: str | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PreemptionVictimsSelected:
     """The preemption service chose victims (or found no allowed set and says why)."""
@@ -276,6 +295,7 @@ class PreemptionVictimsSelected:
     blocked_message: str | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class QuotaLimitsChanged:
     """A QuotaRule changed a ClusterQueue's effective borrowingLimit (milli; None: no limit;
@@ -296,6 +316,7 @@ class QuotaLimitsChanged:
     errors: list | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UsageSnapshot:
     """Live usage of one namespace, reserved and running by flavor, in milli-units."""
@@ -310,6 +331,7 @@ class UsageSnapshot:
     effective_borrowing_limits: dict | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkloadDeactivated:
     """The workload will not be retried (for example after too many pre-freeze expiries)."""
@@ -324,6 +346,7 @@ class WorkloadDeactivated:
     cluster_queue: str | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkloadEvicted:
     """The workload was told to stop (preempted or deactivated); it gets a grace period."""
@@ -340,6 +363,7 @@ class WorkloadEvicted:
     grace_period_s: int | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkloadFinished:
     """The workload completed (or failed) and its pods are gone."""
@@ -355,6 +379,7 @@ class WorkloadFinished:
     queue_name: str | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkloadPending:
     """The workload waits; the reason changed since the last Pending event."""
@@ -369,6 +394,7 @@ class WorkloadPending:
     cluster_queue: str | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkloadPrefreezeExpired:
     """A reservation did not start running within podsReadyTimeout; its idle time is billed."""
@@ -386,6 +412,7 @@ class WorkloadPrefreezeExpired:
     expiries: int | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkloadQuotaReserved:
     """The queue-manager reserved (pre-froze) quota for the workload."""
@@ -404,6 +431,7 @@ class WorkloadQuotaReserved:
     borrowing: bool | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkloadRejected:
     """Admission policy refused the workload; every violated rule is listed with its message."""
@@ -417,6 +445,7 @@ class WorkloadRejected:
     message: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkloadReleased:
     """The workload's quota reservation was given back."""
@@ -433,6 +462,7 @@ class WorkloadReleased:
     cohort: str | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkloadRequeued:
     """The workload went back to its queue and may be retried after a backoff."""
@@ -449,6 +479,7 @@ class WorkloadRequeued:
     backoff_s: int | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkloadRunning:
     """All pods of an admitted workload are running: its reservation is no longer idle."""
@@ -463,6 +494,7 @@ class WorkloadRunning:
     pods_running: int | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkloadSubmitted:
     """A workload was created in the cluster and asks to run (a Job with the queue-name label, or a Kueue Workload)."""
@@ -483,6 +515,7 @@ class WorkloadSubmitted:
     owner: str | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkloadValidated:
     """Admission policy allowed the workload; re-keyed by cohort for the queue-manager."""

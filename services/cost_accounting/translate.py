@@ -58,6 +58,7 @@ from services.core.cost import (
     ReservationStarted,
     ResourceAmounts,
 )
+from services.core.frozen import quick_init
 
 __all__ = ["RELEVANT_EVENT_TYPES", "Translation", "WorkloadMemo", "at_ms", "translate", "workload_uid_of"]
 
@@ -80,6 +81,7 @@ RELEVANT_EVENT_TYPES: Final = frozenset(
 )
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class WorkloadMemo:
     """What the translation remembers about one workload (JSON-able via to_dict/from_dict)."""
@@ -110,6 +112,7 @@ class WorkloadMemo:
         )
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Translation:
     events: tuple[CostEvent, ...]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
 
+from services.core.frozen import quick_init
 from services.core.quantity import parse_quantity_milli
 
 __all__ = [
@@ -76,6 +77,7 @@ class BudgetUnit(StrEnum):
     CURRENCY = "currency"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ResourceAmounts:
     """Requested/used amounts in integer milli-units."""
@@ -104,6 +106,7 @@ Labels = tuple[tuple[str, str], ...]
 # --------------------------------------------------------------------------- events
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ReservationStarted:
     """Quota was reserved (pre-frozen) for the workload in ``flavor`` (Kueue QuotaReserved)."""
@@ -118,6 +121,7 @@ class ReservationStarted:
     labels: Labels = ()
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class PodsRunning:
     """Pods of the workload started running.
@@ -138,6 +142,7 @@ class PodsRunning:
     labels: Labels = ()
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class PodsStopped:
     """A pod (or, with ``pod_name=""``, the workload's unnamed pod interval) stopped running."""
@@ -148,6 +153,7 @@ class PodsStopped:
     pod_name: str = ""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class PreFreezeExpired:
     """The reservation did not become running within podsReadyTimeout: reservation ends."""
@@ -157,6 +163,7 @@ class PreFreezeExpired:
     at_ms: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Released:
     """Quota was released: reservation and all pod intervals end (workload may be requeued)."""
@@ -166,6 +173,7 @@ class Released:
     at_ms: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Evicted:
     """The workload was evicted/preempted: reservation and all pod intervals end."""
@@ -175,6 +183,7 @@ class Evicted:
     at_ms: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Finished:
     """The workload finished (or was deleted): everything ends, later starts are ignored."""
@@ -184,6 +193,7 @@ class Finished:
     at_ms: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class NamespaceLabeled:
     """A namespace's labels as observed (the cost center is one of them)."""
@@ -194,6 +204,7 @@ class NamespaceLabeled:
     at_ms: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class PriceListConfigured:
     event_id: str
@@ -201,6 +212,7 @@ class PriceListConfigured:
     at_ms: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class BudgetsConfigured:
     """The complete set of budgets (replaces the previous set)."""
@@ -210,6 +222,7 @@ class BudgetsConfigured:
     at_ms: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ClockTick:
     """Event time advanced (``qm.clock``); closes billing hours."""
@@ -227,6 +240,7 @@ CostEvent = WorkloadEvent | NamespaceLabeled | PriceListConfigured | BudgetsConf
 # (defined here so events can carry them; parsing from YAML-shaped dicts is in pricing.py)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class UnitPrice:
     """Price per unit-hour: GPU-hour, core-hour or GiB-hour."""
@@ -238,6 +252,7 @@ class UnitPrice:
 ZERO_PRICE = UnitPrice(Decimal(0), Decimal(0))
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class FlavorPrices:
     gpu: UnitPrice = ZERO_PRICE
@@ -245,6 +260,7 @@ class FlavorPrices:
     memory: UnitPrice = ZERO_PRICE
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class PriceList:
     name: str
@@ -259,6 +275,7 @@ class PriceList:
         return self.default
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Budget:
     """A monthly (UTC calendar month) limit for one cost center."""
@@ -274,6 +291,7 @@ class Budget:
 # --------------------------------------------------------------------------- outputs
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class LedgerRow:
     """One row per (workload, flavor, usage kind, UTC hour[, correction revision]).
@@ -312,6 +330,7 @@ class LedgerRow:
         return self.contracted_cost
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class BudgetAlert:
     alert_id: str
@@ -325,6 +344,7 @@ class BudgetAlert:
     at_ms: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class BudgetStatus:
     """Month-to-date consumption of a budget (compacted ``qm.budgets``, keyed by budget+month)."""
@@ -340,6 +360,7 @@ class BudgetStatus:
     at_ms: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class EventIgnored:
     event_id: str
@@ -352,6 +373,7 @@ class EventIgnored:
 CostOutput = LedgerRow | BudgetAlert | BudgetStatus | EventIgnored
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class CostSettings:
     """Static settings of the fold (stored in the state so a restore is self-contained)."""

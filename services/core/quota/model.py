@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
+from services.core.frozen import quick_init
+
 # A (flavor, resource) pair: Kueue's FlavorResource.
 FlavorResource = tuple[str, str]
 
@@ -71,6 +73,7 @@ class PreemptionReason(StrEnum):
 # ----------------------------------------------------------------------------- config objects
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ResourceQuota:
     resource: str
@@ -79,18 +82,21 @@ class ResourceQuota:
     lending_limit: int | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class FlavorQuotas:
     flavor: str
     resources: tuple[ResourceQuota, ...]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ResourceGroup:
     covered_resources: tuple[str, ...]
     flavors: tuple[FlavorQuotas, ...]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class LabelRequirement:
     key: str
@@ -98,6 +104,7 @@ class LabelRequirement:
     values: tuple[str, ...] = ()
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class LabelSelector:
     """A Kubernetes label selector. ``None`` where a selector is expected matches nothing."""
@@ -122,6 +129,7 @@ class LabelSelector:
         return True
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Preemption:
     within_cluster_queue: PreemptionPolicy = PreemptionPolicy.NEVER
@@ -130,18 +138,21 @@ class Preemption:
     max_priority_threshold: int | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class FlavorFungibility:
     when_can_borrow: FungibilityPolicy = FungibilityPolicy.MAY_STOP_SEARCH
     when_can_preempt: FungibilityPolicy = FungibilityPolicy.TRY_NEXT_FLAVOR
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ResourceFlavor:
     name: str
     node_labels: tuple[tuple[str, str], ...] = ()
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ClusterQueue:
     name: str
@@ -155,6 +166,7 @@ class ClusterQueue:
     fair_weight: float = 1.0
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Cohort:
     name: str
@@ -163,6 +175,7 @@ class Cohort:
     fair_weight: float = 1.0
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class LocalQueue:
     namespace: str
@@ -170,6 +183,7 @@ class LocalQueue:
     cluster_queue: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Namespace:
     name: str
@@ -181,6 +195,7 @@ class Namespace:
         return labels
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class FairSharingConfig:
     enabled: bool = False
@@ -190,6 +205,7 @@ class FairSharingConfig:
     )
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Config:
     """The parts of Kueue's ``Configuration`` the quota core uses."""
@@ -200,6 +216,7 @@ class Config:
 # ----------------------------------------------------------------------------- workloads
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class PodSet:
     name: str
@@ -220,6 +237,7 @@ class PodSet:
         return self._hash
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class PodSetAdmission:
     name: str
@@ -228,6 +246,7 @@ class PodSetAdmission:
     usage: tuple[tuple[str, int], ...]  # resource -> total milli-units
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Admission:
     cluster_queue: str
@@ -245,6 +264,7 @@ class Admission:
         return out
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Workload:
     """A Kueue Workload (or a batch/v1 Job turned into one), pending or admitted."""
@@ -267,6 +287,7 @@ class Workload:
         object.__setattr__(self, "key", f"{self.namespace}/{self.name}")
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Objects:
     """Everything read from Kueue YAML, validated and defaulted."""
@@ -285,6 +306,7 @@ class Objects:
 # ----------------------------------------------------------------------------- decisions
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class PreemptionTarget:
     workload: str
@@ -295,6 +317,7 @@ class PreemptionTarget:
 NO_ENTRIES: Mapping[str, object] = MappingProxyType({})
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Decision:
     workload: str
