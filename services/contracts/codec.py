@@ -227,6 +227,11 @@ def from_document(document: Any) -> Envelope:
 def validate_document(document: Any, *, strict: bool) -> None:
     if not isinstance(document, dict):
         raise ContractError("message", f"expected a JSON object, got {type(document).__name__}")
+    event_type = document.get("event_type")
+    checker = _whole_check(event_type, strict) if event_type.__class__ is str and event_type in RECORD_TYPES else None
+    if checker is not None and checker(document):
+        return  # the common case: envelope and payload valid, in one check
+    # the envelope, then the payload, each with its own checker: the refusal names the part
     _raise_first(_validator("envelope", strict), document, "envelope")
     event_type = document["event_type"]
     if event_type not in RECORD_TYPES:
@@ -288,6 +293,65 @@ def _validator(name: str, strict: bool) -> _Checker:
         schema = _tolerate_unknown_fields(copy.deepcopy(schema))
     fast = jsonschema_rs.validator_for(schema, formats={"date-time": _fast_date_time}, validate_formats=True)
     return _Checker(fast.is_valid, Draft202012Validator(schema, format_checker=_formats))
+
+
+@cache
+def _whole_check(event_type: str, strict: bool) -> Callable[[Any], bool] | None:
+    """A yes/no check of a whole envelope document of one event type, its payload included
+    (None if that type's schema has a date below its top level).
+
+    One jsonschema-rs call over the envelope schema with the event's schema in place of its
+    `payload` object, where two calls (envelope, payload) took ~40% longer. The schemas' dates
+    are checked here in Python with the same cached rule, not by jsonschema-rs calling back
+    into Python for each one (~0.5 us a date). A `False` is worded by validate_document's
+    two-step path, which has the last word."""
+    envelope = envelope_schema()
+    payload = copy.deepcopy(event_schema(event_type))
+    envelope_dates, payload_dates = _top_level_dates(envelope), _top_level_dates(payload)
+    if payload_dates is None or envelope_dates is None:
+        return None
+    for key in ("$schema", "$id"):
+        payload.pop(key, None)
+    whole = copy.deepcopy(envelope)
+    whole["properties"]["payload"] = payload
+    if not strict:
+        whole = _tolerate_unknown_fields(whole)
+    return _whole_checker(jsonschema_rs.validator_for(whole, validate_formats=False).is_valid,
+                          envelope_dates, payload_dates)
+
+
+def _whole_checker(is_valid: Callable[[Any], bool], envelope_dates: tuple[str, ...],
+                   payload_dates: tuple[str, ...]) -> Callable[[Any], bool]:
+    def check(document: Any) -> bool:
+        if not is_valid(document):
+            return False
+        for name in envelope_dates:
+            value = document.get(name)
+            if value.__class__ is str and not _fast_date_time(value):
+                return False
+        payload = document["payload"]
+        for name in payload_dates:
+            value = payload.get(name)
+            if value.__class__ is str and not _fast_date_time(value):
+                return False
+        return True
+
+    return check
+
+
+def _top_level_dates(schema: dict) -> tuple[str, ...] | None:
+    """The names of a schema's top-level date-time properties; None if a date-time is nested
+    anywhere deeper (then it needs jsonschema-rs's callback)."""
+    top = tuple(name for name, spec in schema.get("properties", {}).items() if spec.get("format") == "date-time")
+    return None if _count_dates(schema) != len(top) else top
+
+
+def _count_dates(node: Any) -> int:
+    if isinstance(node, dict):
+        return (node.get("format") == "date-time") + sum(_count_dates(value) for value in node.values())
+    if isinstance(node, list):
+        return sum(_count_dates(value) for value in node)
+    return 0
 
 
 @lru_cache(maxsize=16384)

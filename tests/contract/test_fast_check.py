@@ -1,5 +1,7 @@
 """The compiled yes/no check (jsonschema-rs, ADR 0038) against the full validator that words
-refusals: a record the fast check passes is never one the full validator refuses.
+refusals: a record the fast check passes is never one the full validator refuses. The one-call
+check of a whole envelope (its payload in place, dates checked in Python) gives the same verdict
+as the envelope's and the payload's checks together.
 
 If the fast check were more lenient, a bad record would be accepted without a word; if it is
 stricter somewhere, the full validator has the last word and only the time is lost. So the
@@ -15,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.contracts.codec import _validator
+from services.contracts.codec import _validator, _whole_check
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "schemas" / "examples"
 VALID = {p.stem: json.loads(p.read_text()) for p in sorted((EXAMPLES / "valid").glob("*.json"))}
@@ -71,12 +73,28 @@ def test_every_valid_example_passes_the_fast_check(name, strict):
     assert _validator(name, strict).fast(document["payload"])
 
 
+@pytest.mark.parametrize("strict", [True, False])
+def test_every_event_type_has_a_whole_check_and_every_valid_example_passes_it(strict):
+    for name, document in VALID.items():
+        checker = _whole_check(name, strict)
+        assert checker is not None, f"{name}: a date below the top level (the two-step path only)"
+        assert checker(document), name
+
+
+def _two_step(name: str, strict: bool, document: dict) -> bool:
+    payload = document.get("payload")
+    return (_validator("envelope", strict).fast(document) and isinstance(payload, dict)
+            and _validator(name, strict).fast(payload))
+
+
 @pytest.mark.parametrize("message", INVALID, ids=lambda m: str(m.get("event_type")) if isinstance(m, dict) else "?")
 def test_every_invalid_example_fails_a_fast_check(message):
     name = message.get("event_type")
     envelope_ok = _validator("envelope", False).fast(message)
     payload_ok = name in VALID and _validator(name, False).fast(message["payload"])
     assert not (envelope_ok and payload_ok)
+    if name in VALID:
+        assert not _whole_check(name, False)(message)
 
 
 @settings(max_examples=400, deadline=None)
@@ -92,3 +110,13 @@ def test_the_fast_check_never_passes_what_the_full_validator_refuses(data, stric
     if isinstance(payload, dict):
         fast, full = _verdicts(name, strict, payload)
         assert not (fast and not full), f"payload of {name}: {path} {action} {value!r} passed the fast check only"
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data(), strict=st.booleans(), action=st.sampled_from(["replace", "drop", "add"]), value=ODD_VALUES)
+def test_the_whole_check_agrees_with_the_envelope_and_payload_checks(data, strict, action, value):
+    name = data.draw(st.sampled_from(sorted(VALID)))
+    path = data.draw(st.sampled_from([p for p in _paths(VALID[name]) if p != ("event_type",)]))
+    mutated = _mutated(VALID[name], path, action, value)
+    assert _whole_check(name, strict)(mutated) == _two_step(name, strict, mutated), (
+        f"{name}: {path} {action} {value!r}: the whole check and the two-step check disagree")
