@@ -52,7 +52,7 @@ class Envelope:
 
 def event_id_for(*parts: object) -> str:
     """A deterministic event id: the same inputs always give the same id, so replays dedupe."""
-    return hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).hexdigest()[:32]
+    return hashlib.sha256("\x1f".join(map(str, parts)).encode()).hexdigest()[:32]
 
 
 def utc_iso(moment: datetime) -> str:

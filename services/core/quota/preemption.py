@@ -20,12 +20,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from services.core.frozen import quick_init
 from services.core.quota.fairsharing import dominant_resource_share, strategy_allows
 from services.core.quota.model import FlavorResource, PreemptionPolicy, PreemptionReason, PreemptionTarget
 from services.core.quota.snapshot import AdmittedWorkload, ClusterQueueState, Snapshot
 from services.core.quota.tree import available, borrowing
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Preemptor:
     """What preemption needs to know about the workload that wants room."""

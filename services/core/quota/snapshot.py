@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from services.core.frozen import quick_init
 from services.core.quota.errors import UnknownWorkloadError
 from services.core.quota.model import (
     ClusterQueue,
@@ -28,6 +29,7 @@ from services.core.quota.model import (
 from services.core.quota.tree import Node, add_usage, compute_subtree, remove_usage
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class AdmittedWorkload:
     """A workload holding quota in a ClusterQueue."""

@@ -1,0 +1,148 @@
+"""bench-qm-fold: the queue-manager's fold over a recorded cohort stream, in process, without
+Kafka, for telling two versions of the queue-manager's hot path apart.
+
+The stream is the ``qm.workloads`` topic of a kept Kueue run (``bench/bench_kueue.py
+--scenario smalls-phase --scale 0.1 --keep-topics`` prints nothing about it; the prefix is
+``topic_prefix`` in its JSON). ``--record PREFIX`` reads that topic from the local broker once
+and saves its records (keys and values, partition by partition) to ``--stream``; later runs
+need no broker. Each run then does what the service does with every record, minus Kafka and
+faust:
+
+* decode: the record's envelopes, those of a type the fold reads validated and built
+  (``envelopes_in``), the others passed over unvalidated;
+* fold: ``fold.apply`` on its cohort's state, one state per key, skipping an event id the
+  state has applied already (as ``ServiceRuntime.apply_once`` does);
+* encode: the outputs, validated strictly and serialized (``encode``).
+
+The fold decides afresh: its drains are the recorded drain_due's, so its decisions need not be
+the recorded ones, only the same for every version that decides the same. The run prints CPU
+seconds per phase, and a digest of every output's event type and event id: two versions whose
+digests differ decide differently, and the comparison is void.
+
+This machine's speed moves by a third within minutes, so compare instruction counts, which do
+not move (valgrind; the VM has no hardware counters), one tree at a time, and subtract a run
+with ``--ways none`` (the stream read, nothing folded):
+
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null .venv/bin/python \\
+        bench/bench_qm_fold.py --ways fold          # "I refs" is the count
+
+(About 50 times slower than a plain run; ``--records N`` folds only the first N records.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import hashlib
+import sys
+import time
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from services.adapters.kueue_config import KueueConfig  # noqa: E402
+from services.contracts.codec import documents_of, encode, envelopes_in  # noqa: E402
+from services.core.quota import load_objects  # noqa: E402
+from services.queue_manager import state as fold  # noqa: E402
+from services.sim.kueue_scenarios import DIAGNOSTIC, SCENARIOS, kueue_objects  # noqa: E402
+
+DEFAULT_STREAM = Path.home() / ".cache" / "quartermaster" / "qm-fold-stream.jsonl"
+FOLDED_TYPES = frozenset(t.EVENT_TYPE for t in fold.FOLDED)
+
+
+async def record(prefix: str, stream: Path, bootstrap: str) -> int:
+    """Save `prefix`qm.workloads, partition by partition in offset order, as JSON lines."""
+    from services.adapters.bus import read_topic
+
+    rows = [
+        orjson.dumps({"partition": r.partition, "offset": r.offset, "key": (r.key or b"").decode(),
+                      "value": base64.b64encode(r.value).decode()})
+        async for r in read_topic(bootstrap, prefix + "qm.workloads", idle_timeout_s=2.0)
+    ]
+    stream.parent.mkdir(parents=True, exist_ok=True)
+    stream.write_bytes(b"\n".join(rows) + b"\n")
+    return len(rows)
+
+
+def load_stream(stream: Path, limit: int | None) -> list[tuple[str, bytes]]:
+    rows = [orjson.loads(line) for line in stream.read_bytes().splitlines() if line]
+    rows.sort(key=lambda r: (r["partition"], r["offset"]))
+    return [(r["key"], base64.b64decode(r["value"])) for r in rows[:limit]]
+
+
+def context_for(scenario_name: str, scale: float) -> fold.Context:
+    """The queue-manager's context as bench_kueue runs it: the scenario's queues, Kueue's
+    immediate requeue after a preemption (QM_BACKOFF_BASE_S=0), coalesced drains."""
+    scenario = {**SCENARIOS, **DIAGNOSTIC}[scenario_name]
+    scenario = scenario.scaled(scale) if scale < 1 else scenario
+    config = KueueConfig.from_objects(load_objects(("bench", d) for d in kueue_objects(scenario)))
+    return fold.Context(objects=config.objects, backoff_base_s=0.0, coalesce_drains=True, node_labels=config.node_labels())
+
+
+def run(records: list[tuple[str, bytes]], context: fold.Context, ways: str) -> dict:
+    states: dict[str, dict | None] = {}
+    applied: dict[str, set[str]] = {}
+    contexts = fold.KeyedContexts()
+    digest = hashlib.sha256()
+    seconds = {"decode": 0.0, "fold": 0.0, "encode": 0.0}
+    folded = outputs_made = 0
+    clock = time.process_time
+    for key, value in records:
+        if ways == "none":
+            continue
+        started = clock()
+        envelopes = [e for _, _, e in envelopes_in(documents_of(value), FOLDED_TYPES) if e is not None]
+        decoded = clock()
+        seconds["decode"] += decoded - started
+        for envelope in envelopes:
+            if isinstance(envelope, Exception):
+                raise envelope
+            seen = applied.setdefault(key, set())
+            if envelope.event_id in seen:
+                continue
+            seen.add(envelope.event_id)
+            start_fold = clock()
+            states[key], outputs = fold.apply(states.get(key), envelope, contexts.of(context, key))
+            folded += 1
+            start_encode = clock()
+            seconds["fold"] += start_encode - start_fold
+            for output in outputs:
+                encode(output.envelope)
+                digest.update(f"{output.envelope.event_type} {output.envelope.event_id}\n".encode())
+            outputs_made += len(outputs)
+            seconds["encode"] += clock() - start_encode
+    return {"records": len(records), "folded": folded, "outputs": outputs_made,
+            "digest": digest.hexdigest()[:16], **{f"{k}_cpu_s": round(v, 3) for k, v in seconds.items()}}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--record", metavar="PREFIX", help="save PREFIXqm.workloads from the broker to --stream first")
+    parser.add_argument("--bootstrap", default="127.0.0.1:9092")
+    parser.add_argument("--stream", type=Path, default=DEFAULT_STREAM, help=f"the saved stream (default {DEFAULT_STREAM})")
+    parser.add_argument("--scenario", default="smalls-phase", help="the recorded run's scenario (its queues)")
+    parser.add_argument("--scale", type=float, default=0.1, help="the recorded run's --scale (default 0.1)")
+    parser.add_argument("--records", type=int, help="fold only the first N records")
+    parser.add_argument("--ways", choices=("fold", "none"), default="fold",
+                        help="none: read the stream and stop (the baseline to subtract from an instruction count)")
+    args = parser.parse_args()
+    if args.record:
+        count = asyncio.run(record(args.record, args.stream, args.bootstrap))
+        print(f"saved {count} records of {args.record}qm.workloads to {args.stream}")
+    if not args.stream.exists():
+        parser.error(f"{args.stream} does not exist: record a kept run's stream first with --record PREFIX "
+                     "(bench/bench_kueue.py --scenario smalls-phase --scale 0.1 --keep-topics; "
+                     "its JSON's topic_prefix)")
+    records = load_stream(args.stream, args.records)
+    context = context_for(args.scenario, args.scale)
+    result = run(records, context, args.ways)
+    print(orjson.dumps(result).decode())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
