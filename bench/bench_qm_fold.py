@@ -34,7 +34,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import cProfile
 import hashlib
+import pstats
 import sys
 import time
 from pathlib import Path
@@ -48,6 +50,7 @@ from services.adapters.kueue_config import KueueConfig  # noqa: E402
 from services.contracts.codec import documents_of, encode, envelopes_in  # noqa: E402
 from services.core.quota import load_objects  # noqa: E402
 from services.queue_manager import state as fold  # noqa: E402
+from services.queue_manager.state import epoch  # noqa: E402
 from services.sim.kueue_scenarios import DIAGNOSTIC, SCENARIOS, kueue_objects  # noqa: E402
 
 DEFAULT_STREAM = Path.home() / ".cache" / "quartermaster" / "qm-fold-stream.jsonl"
@@ -68,10 +71,14 @@ async def record(prefix: str, stream: Path, bootstrap: str) -> int:
     return len(rows)
 
 
-def load_stream(stream: Path, limit: int | None) -> list[tuple[str, bytes]]:
+def load_stream(stream: Path, limit: int | None) -> list[tuple[str, bytes, float]]:
+    """(key, value, seconds after the stream's first event) per record, partition by partition."""
     rows = [orjson.loads(line) for line in stream.read_bytes().splitlines() if line]
     rows.sort(key=lambda r: (r["partition"], r["offset"]))
-    return [(r["key"], base64.b64decode(r["value"])) for r in rows[:limit]]
+    records = [(r["key"], base64.b64decode(r["value"])) for r in rows[:limit]]
+    times = [epoch(documents_of(value)[0]["occurred_at"]) for _, value in records]
+    first = min(times, default=0.0)
+    return [(key, value, at - first) for (key, value), at in zip(records, times, strict=True)]
 
 
 def context_for(scenario_name: str, scale: float) -> fold.Context:
@@ -83,7 +90,11 @@ def context_for(scenario_name: str, scale: float) -> fold.Context:
     return fold.Context(objects=config.objects, backoff_base_s=0.0, coalesce_drains=True, node_labels=config.node_labels())
 
 
-def run(records: list[tuple[str, bytes]], context: fold.Context, ways: str) -> dict:
+def run(records: list[tuple[str, bytes, float]], context: fold.Context, ways: str, measure_after_s: float = 0.0,
+        profile: cProfile.Profile | None = None) -> dict:
+    """Fold every record; count CPU (and profile) only for the records of events `measure_after_s`
+    or more after the stream's first, so a late phase is measured with the state the records
+    before it built."""
     states: dict[str, dict | None] = {}
     applied: dict[str, set[str]] = {}
     contexts = fold.KeyedContexts()
@@ -91,13 +102,19 @@ def run(records: list[tuple[str, bytes]], context: fold.Context, ways: str) -> d
     seconds = {"decode": 0.0, "fold": 0.0, "encode": 0.0}
     folded = outputs_made = 0
     clock = time.process_time
-    for key, value in records:
+    measured = 0
+    for key, value, at in records:
         if ways == "none":
             continue
+        measuring = at >= measure_after_s
+        if measuring:
+            measured += 1
+            if profile is not None:
+                profile.enable()
         started = clock()
         envelopes = [e for _, _, e in envelopes_in(documents_of(value), FOLDED_TYPES) if e is not None]
         decoded = clock()
-        seconds["decode"] += decoded - started
+        seconds["decode"] += (decoded - started) * measuring
         for envelope in envelopes:
             if isinstance(envelope, Exception):
                 raise envelope
@@ -107,15 +124,17 @@ def run(records: list[tuple[str, bytes]], context: fold.Context, ways: str) -> d
             seen.add(envelope.event_id)
             start_fold = clock()
             states[key], outputs = fold.apply(states.get(key), envelope, contexts.of(context, key))
-            folded += 1
+            folded += measuring
             start_encode = clock()
-            seconds["fold"] += start_encode - start_fold
+            seconds["fold"] += (start_encode - start_fold) * measuring
             for output in outputs:
                 encode(output.envelope)
                 digest.update(f"{output.envelope.event_type} {output.envelope.event_id}\n".encode())
-            outputs_made += len(outputs)
-            seconds["encode"] += clock() - start_encode
-    return {"records": len(records), "folded": folded, "outputs": outputs_made,
+            outputs_made += len(outputs) * measuring
+            seconds["encode"] += (clock() - start_encode) * measuring
+        if measuring and profile is not None:
+            profile.disable()
+    return {"records": len(records), "measured": measured, "folded": folded, "outputs": outputs_made,
             "digest": digest.hexdigest()[:16], **{f"{k}_cpu_s": round(v, 3) for k, v in seconds.items()}}
 
 
@@ -129,6 +148,11 @@ def main() -> int:
     parser.add_argument("--records", type=int, help="fold only the first N records")
     parser.add_argument("--ways", choices=("fold", "none"), default="fold",
                         help="none: read the stream and stop (the baseline to subtract from an instruction count)")
+    parser.add_argument("--measure-after-s", type=float, default=0.0, metavar="S",
+                        help="fold every record, but count CPU only for events S seconds or more after the first "
+                             "(a late phase: at full scale the smalls-phase's smalls run from ~26 s)")
+    parser.add_argument("--profile", type=int, default=0, metavar="K",
+                        help="print the K costliest functions (cProfile, cumulative) of the measured records")
     args = parser.parse_args()
     if args.record:
         count = asyncio.run(record(args.record, args.stream, args.bootstrap))
@@ -139,8 +163,11 @@ def main() -> int:
                      "its JSON's topic_prefix)")
     records = load_stream(args.stream, args.records)
     context = context_for(args.scenario, args.scale)
-    result = run(records, context, args.ways)
+    profile = cProfile.Profile() if args.profile else None
+    result = run(records, context, args.ways, args.measure_after_s, profile)
     print(orjson.dumps(result).decode())
+    if profile is not None:
+        pstats.Stats(profile).sort_stats("cumulative").print_stats(args.profile)
     return 0
 
 

@@ -46,7 +46,7 @@ def test_folds_each_event_once_per_key_and_encodes_its_outputs(tmp_path):
     bundle = encode_bundle([small, other])[0][0]
     stream = saved(tmp_path, [(0, 1, key, encode(small)), (0, 0, key, bundle)])  # the bundle is first
     records = bench_qm_fold.load_stream(stream, None)
-    assert [value for _, value in records] == [bundle, encode(small)]
+    assert [value for _, value, _ in records] == [bundle, encode(small)]
     result = bench_qm_fold.run(records, CONTEXT, "fold")
     assert result["records"] == 2 and result["folded"] == 2  # the repeated small is skipped
     assert result["outputs"] > 0
