@@ -91,7 +91,7 @@ def context_for(scenario_name: str, scale: float) -> fold.Context:
 
 
 def run(records: list[tuple[str, bytes, float]], context: fold.Context, ways: str, measure_after_s: float = 0.0,
-        profile: cProfile.Profile | None = None) -> dict:
+        profile: cProfile.Profile | None = None, measure_until_s: float = float("inf")) -> dict:
     """Fold every record; count CPU (and profile) only for the records of events `measure_after_s`
     or more after the stream's first, so a late phase is measured with the state the records
     before it built."""
@@ -106,7 +106,7 @@ def run(records: list[tuple[str, bytes, float]], context: fold.Context, ways: st
     for key, value, at in records:
         if ways == "none":
             continue
-        measuring = at >= measure_after_s
+        measuring = measure_after_s <= at < measure_until_s
         if measuring:
             measured += 1
             if profile is not None:
@@ -143,7 +143,8 @@ def main() -> int:
     parser.add_argument("--record", metavar="PREFIX", help="save PREFIXqm.workloads from the broker to --stream first")
     parser.add_argument("--bootstrap", default="127.0.0.1:9092")
     parser.add_argument("--stream", type=Path, default=DEFAULT_STREAM, help=f"the saved stream (default {DEFAULT_STREAM})")
-    parser.add_argument("--scenario", default="smalls-phase", help="the recorded run's scenario (its queues)")
+    parser.add_argument("--scenario", default="smalls-phase", choices=sorted({**SCENARIOS, **DIAGNOSTIC}),
+                        help="the recorded run's scenario (its queues)")
     parser.add_argument("--scale", type=float, default=0.1, help="the recorded run's --scale (default 0.1)")
     parser.add_argument("--records", type=int, help="fold only the first N records")
     parser.add_argument("--ways", choices=("fold", "none"), default="fold",
@@ -151,6 +152,9 @@ def main() -> int:
     parser.add_argument("--measure-after-s", type=float, default=0.0, metavar="S",
                         help="fold every record, but count CPU only for events S seconds or more after the first "
                              "(a late phase: at full scale the smalls-phase's smalls run from ~26 s)")
+    parser.add_argument("--measure-until-s", type=float, default=float("inf"), metavar="S",
+                        help="and only for events less than S seconds after the first (one phase of kueue-baseline: "
+                             "its mediums run from ~60 to ~75 s)")
     parser.add_argument("--profile", type=int, default=0, metavar="K",
                         help="print the K costliest functions (cProfile, cumulative) of the measured records")
     args = parser.parse_args()
@@ -164,7 +168,7 @@ def main() -> int:
     records = load_stream(args.stream, args.records)
     context = context_for(args.scenario, args.scale)
     profile = cProfile.Profile() if args.profile else None
-    result = run(records, context, args.ways, args.measure_after_s, profile)
+    result = run(records, context, args.ways, args.measure_after_s, profile, args.measure_until_s)
     print(orjson.dumps(result).decode())
     if profile is not None:
         pstats.Stats(profile).sort_stats("cumulative").print_stats(args.profile)

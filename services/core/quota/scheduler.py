@@ -165,6 +165,7 @@ class _Entry:
     sort_key: tuple[object, ...] = (1 << 62,)  # entries without an assignment go last
     # (drain) a preemptor's hold: what it needs beyond what its victims, still counted, will free
     held: tuple[tuple[tuple[str, str], int], ...] | None = None
+    lane: _Lane | None = None  # the queue it heads (None: a hold)
 
 
 _SORT_KEY = attrgetter("sort_key")
@@ -421,9 +422,14 @@ def _reserve(e: _Entry) -> list[tuple[tuple[str, str], int]]:
 
 
 class _Scheduler:
-    def __init__(self, snapshot: Snapshot, pending: Iterable[Workload], now: float, in_place: bool = False) -> None:
+    def __init__(self, snapshot: Snapshot, pending: Iterable[Workload], now: float, in_place: bool = False,
+                 fast_forward: bool = True) -> None:
         self.snap = snapshot if in_place else snapshot.copy()
         self.now = now
+        self.fast_forward = fast_forward
+        # (drain) the last cycle's heads when nominations alone set every one aside: per entry
+        # the reason and message it was set aside with (skip_repeats)
+        self.repeats: list[tuple[_Entry, Reason, str]] | None = None
         self.queues = _Queues()
         self.decisions: dict[str, Decision] = {}
         # still waiting in this ClusterQueue, never nominated: its "Queued" decision is made
@@ -501,6 +507,7 @@ class _Scheduler:
         for wl, lane, shape in self.heads():
             cq = lane.cq
             e = _Entry(wl, cq)
+            e.lane = lane
             matches_all = lane.matches_all
             if not (matches_all or (matches_all is None and _namespace_matches(snap, cq, wl.namespace))):
                 e.message, e.reason = NAMESPACE_MISMATCH, Reason.NAMESPACE_MISMATCH
@@ -532,6 +539,7 @@ class _Scheduler:
                     e.share = dominant_resource_share(cq.node, e.assignment.usage)[0]
                 e.sort_key = (e.assignment.borrowing, e.share, -wl.priority, wl.created_at, wl.key)
             entries.append(e)
+        n_heads = len(entries)
         entries += self.holding
         entries.sort(key=_SORT_KEY)
 
@@ -545,6 +553,9 @@ class _Scheduler:
         victims_out: list[AdmittedWorkload] = []
         temporary: list[tuple[Node, tuple[str, str], int]] = []
         set_aside: list[_Entry] = []
+        # heads that their nomination alone set aside (no fit, no victims, namespace): the same
+        # nomination sets the same head aside whatever else the cycle holds (skip_repeats)
+        repeats: list[tuple[_Entry, Reason, str]] | None = [] if drain and self.fast_forward else None
         for e in entries:
             wl, cq = e.wl, e.cq
             if e.held is not None:  # not to be taken by an entry after it in this cycle's order
@@ -555,15 +566,22 @@ class _Scheduler:
             if e.assignment is None:
                 self._pending(e, e.reason, e.message)
                 set_aside.append(e)
+                if repeats is not None:
+                    repeats.append((e, e.reason, e.message))
                 continue
             mode = e.mode
             if mode is AssignmentMode.NO_FIT:
-                self._pending(e, e.assignment.no_fit_reason(), e.message)
+                reason = e.assignment.no_fit_reason()
+                self._pending(e, reason, e.message)
                 set_aside.append(e)
+                if repeats is not None:
+                    repeats.append((e, reason, e.message))
                 continue
             if mode is AssignmentMode.PREEMPT and not e.targets:
                 self._pending(e, Reason.WAITING_FOR_QUOTA, e.message)
                 set_aside.append(e)
+                if repeats is not None:
+                    repeats.append((e, Reason.WAITING_FOR_QUOTA, e.message))
                 if cq.spec.preemption.reclaim_within_cohort is not PreemptionPolicy.ANY:
                     for fr, value in self._reserve_with_victims_in(e, victims_out):
                         add_usage(cq.node, fr, value)
@@ -654,6 +672,8 @@ class _Scheduler:
                 if key not in inadmissible:
                     inadmissible.add(key)
                     progress = True
+        # every head was set aside by its nomination: nothing was admitted, preempted or failed
+        self.repeats = repeats if repeats and len(repeats) == n_heads else None
         return progress, issued
 
     def _reserve_with_victims_in(self, e: _Entry, victims_out: list[AdmittedWorkload]) -> list[tuple[tuple[str, str], int]]:
@@ -674,6 +694,67 @@ class _Scheduler:
         self.decisions[key] = Decision(
             key, WorkloadStatus.PENDING, e.cq.name, reason, message, NO_ENTRIES, NO_ENTRIES
         )
+
+    def skip_repeats(self, limit: int | None) -> int:
+        """After a cycle whose heads were all set aside by their nominations alone, skip the
+        cycles that would repeat it: set aside, with the same reason and message, the workloads
+        that follow each head and would be nominated alike (what the nomination memo's key
+        reads: priority, pod sets, creation time where it counts; and the namespace where the
+        queue selects by it). Such a head's fate does not depend on the rest of its cycle, and
+        nothing is admitted meanwhile, so the tree and each nomination stay as they were. The
+        skip stops before the first cycle in which some queue's head is not alike (that one
+        must be judged), or when every queue is used up; at most `limit` cycles. Returns the
+        cycles skipped, which count as run (the result is the same as running them).
+
+        A drain after quota was freed otherwise sets one of a deep queue's identical workloads
+        aside per cycle: most of the cycles of kueue-baseline's last two phases."""
+        repeats = self.repeats
+        self.repeats = None
+        if not repeats or (limit is not None and limit <= 0):
+            return 0
+        done = self.done
+        inadmissible = self.queues.inadmissible
+        runs: list[tuple[_Lane, list[Workload], Reason, str]] = []
+        stop_at: int | None = None  # the fewest cycles before some queue's head is not alike
+        longest = 0
+        for e, reason, message in repeats:
+            lane = e.lane
+            assert lane is not None
+            if lane.strict:
+                continue  # its head stays, and is set aside alike in every cycle
+            head = e.wl
+            wls, shapes = lane.workloads, lane.shapes
+            shape = shapes[lane.pos]
+            by_namespace = lane.matches_all is None
+            run: list[Workload] = []
+            alike = True
+            for i in range(lane.pos + 1, len(wls)):
+                wl = wls[i]
+                if wl.key in done or wl.key in inadmissible:
+                    continue
+                if not (shapes[i] == shape and wl.priority == head.priority
+                        and (not lane.newer or wl.created_at == head.created_at)
+                        and (not by_namespace or wl.namespace == head.namespace)):
+                    alike = False
+                    break
+                run.append(wl)
+            if not alike and (stop_at is None or len(run) < stop_at):
+                stop_at = len(run)
+            longest = max(longest, len(run))
+            runs.append((lane, run, reason, message))
+        cycles = longest if stop_at is None else stop_at
+        if limit is not None:
+            cycles = min(cycles, limit)
+        if cycles <= 0:
+            return 0
+        decisions = self.decisions
+        for lane, run, reason, message in runs:
+            cq_name = lane.cq.name
+            for wl in run[:cycles]:
+                decisions[wl.key] = Decision(wl.key, WorkloadStatus.PENDING, cq_name, reason, message,
+                                             NO_ENTRIES, NO_ENTRIES)
+                inadmissible.add(wl.key)
+        return cycles
 
     def evict(self, victims: list[PreemptionTarget]) -> None:
         """Victims' eviction completes: their quota is freed, inadmissible workloads requeue."""
@@ -725,7 +806,7 @@ def run_cycles(snapshot: Snapshot, pending: Iterable[Workload], now: float, cycl
 
 def drain(
     snapshot: Snapshot, pending: Iterable[Workload], now: float, max_cycles: int | None = None,
-    *, in_place: bool = False,
+    *, in_place: bool = False, fast_forward: bool = True,
 ) -> CycleResult:
     """Cycles until nothing changes: everything that fits is admitted in one pass.
 
@@ -738,12 +819,16 @@ def drain(
     `in_place`: work on `snapshot` itself instead of a copy; it ends as the result's snapshot,
     with exactly the admitted workloads added. For a caller that keeps one snapshot per cohort
     and takes them back (copying it was O(admitted workloads) per event in the queue-manager).
+
+    `fast_forward`: skip the cycles that would only repeat the last one (`skip_repeats`); off,
+    every cycle is run (the tests compare the two).
     """
-    sched = _Scheduler(snapshot, pending, now, in_place)
+    sched = _Scheduler(snapshot, pending, now, in_place, fast_forward)
     ran = 0
     while max_cycles is None or ran < max_cycles:
         ran += 1
         progress, _ = sched.cycle(drain=True)
         if not progress:
             break
+        ran += sched.skip_repeats(None if max_cycles is None else max_cycles - ran)
     return sched.result(ran)
