@@ -22,6 +22,7 @@ peak memory.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import os
@@ -156,7 +157,7 @@ def documents(preemption: dict | None = None) -> list[dict]:
     return docs
 
 
-def run_scenario(name: str) -> dict:
+def run_scenario(name: str, repeats: int | None = None) -> dict:
     docs = documents(SCENARIOS[name])
     t0 = time.perf_counter()
     objects = load_objects(("bench", d) for d in docs)
@@ -168,7 +169,7 @@ def run_scenario(name: str) -> dict:
     # then under CPython's default ones, alternating, so both see the same machine load.
     runs: dict[str, list[dict[str, float]]] = {"service_gc": [], "default_gc": []}
     result = None
-    for _ in range(int(os.environ.get("BENCH_REPEATS", REPEATS[name]))):
+    for _ in range(repeats or int(os.environ.get("BENCH_REPEATS", REPEATS[name]))):
         for setting, thresholds in (("service_gc", tune_gc({})), ("default_gc", DEFAULT_GC)):
             gc.set_threshold(*thresholds)
             gc.collect()
@@ -216,7 +217,17 @@ def run_scenario(name: str) -> dict:
 
 
 def main() -> None:
-    only = sys.argv[1:] or list(SCENARIOS)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("scenarios", nargs="*", metavar="SCENARIO",
+                        help=f"which to run: {', '.join(SCENARIOS)} (default: both)")
+    parser.add_argument("--repeats", type=int, metavar="N",
+                        help="timed drains per collector setting (default: BENCH_REPEATS, else "
+                             + ", ".join(f"{k} {v}" for k, v in REPEATS.items()) + ")")
+    args = parser.parse_args()
+    unknown = [name for name in args.scenarios if name not in SCENARIOS]
+    if unknown:
+        parser.error(f"no scenario {', '.join(map(repr, unknown))}: choose from {', '.join(SCENARIOS)}")
+    only = args.scenarios or list(SCENARIOS)
     report: dict[str, object] = {
         "benchmark": "bench-core: one drain pass",
         "cluster_queues": COHORTS * CQS_PER_COHORT,
@@ -227,7 +238,7 @@ def main() -> None:
         "scenarios": {},
     }
     for name in only:
-        r = run_scenario(name)
+        r = run_scenario(name, args.repeats)
         report["scenarios"][name] = r  # type: ignore[index]
         print(
             f"bench-core [{name}]: {r['workloads']} workloads, {COHORTS * CQS_PER_COHORT} ClusterQueues, "
