@@ -355,6 +355,13 @@ class _Lane:
         self.preempting = False
 
 
+def _nomination_key(lane: _Lane, wl: Workload, shape: int) -> tuple[object, ...]:
+    """Everything a head's nomination reads besides the cohort tree: what _preemptor_key reads
+    (now is fixed for the pass) and the pod sets' shape id. The nomination memo's key, and what
+    skip_repeats compares: two heads with equal keys on an unchanged tree are nominated alike."""
+    return ("nomination", lane.cq.name, wl.priority, wl.created_at if lane.newer else None, shape)
+
+
 class _Queues:
     """Pending workloads per ClusterQueue, in queue order, plus the BestEffortFIFO
     inadmissible set (workloads that stepped aside until quota is freed)."""
@@ -519,8 +526,7 @@ class _Scheduler:
                 cache = caches.get(cq.root_key)
                 if cache is None:
                     cache = caches[cq.root_key] = snap.tree_cache(cq.root_key)
-                # what _preemptor_key reads (now is fixed for the pass), and the pod sets' id
-                nkey = ("nomination", cq.name, wl.priority, wl.created_at if lane.newer else None, shape)
+                nkey = _nomination_key(lane, wl, shape)
                 hit = cache.get(nkey)
                 if hit is None:
                     assignment, targets = _assign(
@@ -698,9 +704,8 @@ class _Scheduler:
     def skip_repeats(self, limit: int | None) -> int:
         """After a cycle whose heads were all set aside by their nominations alone, skip the
         cycles that would repeat it: set aside, with the same reason and message, the workloads
-        that follow each head and would be nominated alike (what the nomination memo's key
-        reads: priority, pod sets, creation time where it counts; and the namespace where the
-        queue selects by it). Such a head's fate does not depend on the rest of its cycle, and
+        that follow each head and would be nominated alike (the same `_nomination_key`, and the
+        same namespace where the queue selects by it). Such a head's fate does not depend on the rest of its cycle, and
         nothing is admitted meanwhile, so the tree and each nomination stay as they were. The
         skip stops before the first cycle in which some queue's head is not alike (that one
         must be judged), or when every queue is used up; at most `limit` cycles. Returns the
@@ -724,17 +729,16 @@ class _Scheduler:
                 continue  # its head stays, and is set aside alike in every cycle
             head = e.wl
             wls, shapes = lane.workloads, lane.shapes
-            shape = shapes[lane.pos]
-            by_namespace = lane.matches_all is None
+            nominated_as = _nomination_key(lane, head, shapes[lane.pos])
+            by_namespace = lane.matches_all is None  # a namespace check precedes the nomination
             run: list[Workload] = []
             alike = True
             for i in range(lane.pos + 1, len(wls)):
                 wl = wls[i]
                 if wl.key in done or wl.key in inadmissible:
                     continue
-                if not (shapes[i] == shape and wl.priority == head.priority
-                        and (not lane.newer or wl.created_at == head.created_at)
-                        and (not by_namespace or wl.namespace == head.namespace)):
+                if _nomination_key(lane, wl, shapes[i]) != nominated_as \
+                        or (by_namespace and wl.namespace != head.namespace):
                     alike = False
                     break
                 run.append(wl)
