@@ -97,7 +97,7 @@ class PreemptionPlan:
 
 def queue_order_key(wl: Workload) -> tuple[int, float, str]:
     """Order within a ClusterQueue: higher priority first, then FIFO, then key."""
-    return (-wl.priority, wl.created_at, wl.key)
+    return wl.queue_order
 
 
 def resolve_cluster_queue(
@@ -169,6 +169,7 @@ class _Entry:
 
 
 _SORT_KEY = attrgetter("sort_key")
+_QUEUE_ORDER = attrgetter("queue_order")
 
 
 class _Oracle:
@@ -383,9 +384,12 @@ class _Queues:
 
     def seal(self) -> None:
         for lane in self.lanes.values():
-            pairs = sorted(zip(lane.workloads, lane.shapes, strict=True), key=lambda pair: queue_order_key(pair[0]))
-            lane.workloads = [wl for wl, _ in pairs]
-            lane.shapes = [shape for _, shape in pairs]
+            # (order, index) pairs sort without a Python key call per workload; the index keeps
+            # it stable, as a sort by key alone would be
+            wls, shapes = lane.workloads, lane.shapes
+            ranked = sorted(zip(map(_QUEUE_ORDER, wls), range(len(wls)), strict=True))
+            lane.workloads = [wls[i] for _, i in ranked]
+            lane.shapes = [shapes[i] for _, i in ranked]
         self.lanes = dict(sorted(self.lanes.items()))
         self.rewind()
 
@@ -453,22 +457,33 @@ class _Scheduler:
         # dataclasses; and the one copy of each distinct pod sets that nominations use
         self.shape_pod_sets: list[tuple[PodSet, ...]] = []
         shape_ids: dict[tuple[PodSet, ...], int] = {}
+        # the same pod sets object (a caller that shares them) is found by identity, without
+        # hashing and comparing its PodSets; only objects of workloads kept in a lane are
+        # entered, so no id is reused while this runs
+        shape_of_object: dict[int, int] = {}
+        queue_of: dict[tuple[str, str | None], ClusterQueueState] = {}  # (namespace, queue name)
         for wl in pending:
             if wl.key in self.snap.workloads or wl.key in self.queued_in or wl.admission is not None:
                 continue
             if wl.key in self.decisions:
                 continue
             self.order.append(wl.key)
-            cq, rejected = resolve_cluster_queue(self.snap, wl)
+            cq = queue_of.get((wl.namespace, wl.queue_name))
             if cq is None:
-                assert rejected is not None
-                self.decisions[wl.key] = rejected
-                continue
+                cq, rejected = resolve_cluster_queue(self.snap, wl)
+                if cq is None:
+                    assert rejected is not None
+                    self.decisions[wl.key] = rejected
+                    continue
+                queue_of[(wl.namespace, wl.queue_name)] = cq
             self.queued_in[wl.key] = cq.name
-            shape = shape_ids.get(wl.pod_sets)
+            shape = shape_of_object.get(id(wl.pod_sets))
             if shape is None:
-                shape = shape_ids[wl.pod_sets] = len(self.shape_pod_sets)
-                self.shape_pod_sets.append(wl.pod_sets)
+                shape = shape_ids.get(wl.pod_sets)
+                if shape is None:
+                    shape = shape_ids[wl.pod_sets] = len(self.shape_pod_sets)
+                    self.shape_pod_sets.append(wl.pod_sets)
+                shape_of_object[id(wl.pod_sets)] = shape
             self.queues.add(cq, wl, shape)
         self.queues.seal()
         self.fair = self.snap.config.fair_sharing.enabled

@@ -4,6 +4,8 @@ decision, the number of cycles, or what is admitted."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from quota_builders import T0, make_cq, make_flavor, make_lq, make_wl
@@ -117,3 +119,20 @@ def _drain_with_limit(docs, max_cycles, fast_forward=True):
     objects = load_objects(("m.yaml", d) for d in docs)
     pending = [w for w in objects.workloads if w.admission is None]
     return drain(build_snapshot(objects), pending, T0, max_cycles, fast_forward=fast_forward)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(deep_queues())
+def test_shared_or_copied_pod_sets_decide_alike(docs):
+    """The scheduler finds a workload's shape by its pod sets object first (the queue-manager
+    shares one per distinct pod sets), else by equality: both ways give the same pass."""
+    objects = load_objects(("m.yaml", d) for d in docs)
+    pending = [w for w in objects.workloads if w.admission is None]
+    shared: dict[tuple, tuple] = {}
+    one_each = [dataclasses.replace(w, pod_sets=shared.setdefault(w.pod_sets, w.pod_sets)) for w in pending]
+    copied = [dataclasses.replace(w, pod_sets=tuple(dataclasses.replace(ps) for ps in w.pod_sets)) for w in pending]
+    by_object = drain(build_snapshot(objects), one_each, T0)
+    by_equality = drain(build_snapshot(objects), copied, T0)
+    assert by_object.decisions == by_equality.decisions
+    assert by_object.cycles == by_equality.cycles
+    assert by_object.snapshot.usage() == by_equality.snapshot.usage()
