@@ -48,9 +48,9 @@ sys.path.insert(0, str(ROOT))
 
 from services.adapters.kueue_config import KueueConfig  # noqa: E402
 from services.contracts.codec import documents_of, encode, envelopes_in  # noqa: E402
+from services.contracts.codec import epoch_of as epoch  # noqa: E402
 from services.core.quota import load_objects  # noqa: E402
 from services.queue_manager import state as fold  # noqa: E402
-from services.queue_manager.state import epoch  # noqa: E402
 from services.sim.kueue_scenarios import DIAGNOSTIC, SCENARIOS, kueue_objects  # noqa: E402
 
 DEFAULT_STREAM = Path.home() / ".cache" / "quartermaster" / "qm-fold-stream.jsonl"

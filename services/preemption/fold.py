@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from services.adapters.runtime import Output
-from services.contracts.codec import Envelope, make_envelope, parse_utc, utc_iso
+from services.contracts.codec import Envelope, epoch_of, make_envelope, utc_iso
 from services.contracts.events import ActionEvict, PreemptionNeeded, PreemptionVictimsSelected
 from services.core.preemption_policy import (
     DEFAULT_POLICY,
@@ -75,7 +75,7 @@ def empty_state() -> dict[str, Any]:
 
 
 def epoch(text: str | None) -> float | None:
-    return None if not text else parse_utc(text).timestamp()
+    return None if not text else epoch_of(text)
 
 
 def iso(seconds: float) -> str:

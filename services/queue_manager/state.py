@@ -30,7 +30,7 @@ from operator import itemgetter
 from typing import Any
 
 from services.adapters.runtime import Output
-from services.contracts.codec import Envelope, make_envelope, parse_utc, utc_iso
+from services.contracts.codec import Envelope, epoch_of, make_envelope, utc_iso
 from services.contracts.events import (
     ActionAdmit,
     ActionCleanup,
@@ -131,10 +131,6 @@ def _remember_finished_unjudged(state: dict, uid: str) -> None:
         del unjudged[next(iter(unjudged))]
 
 
-def epoch(text: str) -> float:
-    return parse_utc(text).timestamp()
-
-
 @functools.lru_cache(maxsize=1 << 16)
 def iso(seconds: float) -> str:
     # Cached: every PreemptionNeeded formats each admitted workload's times again (2 us a call).
@@ -156,7 +152,7 @@ def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, l
     if state.get("limits"):  # decide with the borrowingLimits the QuotaRules chose
         ctx = dataclasses.replace(ctx, objects=_effective_objects(configured, state["limits"]))
     previous_now = state["now"]
-    state["now"] = max(state["now"], epoch(envelope.occurred_at))
+    state["now"] = max(state["now"], epoch_of(envelope.occurred_at))
     outputs: list[Output] = []
     emit = _Emitter(envelope, outputs, state["now"], ctx)
     # a change while the cohort's drain_due is on its way (not that drain_due, nor a tick)
@@ -217,7 +213,7 @@ def _step(state: dict, payload: Any, ctx: Context, configured: Objects, previous
         entry = state["admitted"].get(payload.uid)
         if entry is None or entry["running_at"] is not None:
             return
-        _mark_running(state, ctx, entry, epoch(payload.started_at))
+        _mark_running(state, ctx, entry, epoch_of(payload.started_at))
         emit.usage_changed({entry["namespace"]})
         return
     elif isinstance(payload, WorkloadFinished):
@@ -230,7 +226,7 @@ def _step(state: dict, payload: Any, ctx: Context, configured: Objects, previous
         state["expiries"].pop(payload.uid, None)
         if entry is None:
             return
-        emit.released(entry, "Finished", epoch(payload.finished_at))
+        emit.released(entry, "Finished", epoch_of(payload.finished_at))
         emit.usage_changed({entry["namespace"]})
     elif isinstance(payload, ClockTick):
         expired = _expire_idle_reservations(state, ctx, emit)
@@ -461,7 +457,7 @@ def _track_pod(state: dict, pod: PodRunning | PodFinished) -> None:
     else:
         pods.pop(pod.uid, None)
         if not pods and entry["running_at"] is not None:
-            entry["pods_gone_at"] = epoch(pod.finished_at)
+            entry["pods_gone_at"] = epoch_of(pod.finished_at)
 
 
 def _clean_up_zombies(state: dict, ctx: Context, emit: _Emitter) -> bool:
@@ -592,7 +588,7 @@ def _convert_pending(w: dict) -> CoreWorkload:
         pod_sets=_shared_pod_sets(w["pod_sets"]),
         priority=w["priority"],
         priority_class=w.get("priority_class"),
-        created_at=epoch(w["created_at"]),
+        created_at=epoch_of(w["created_at"]),
         uid=w["uid"],
     )
 
@@ -726,7 +722,7 @@ def _convert_admitted(entry: dict) -> AdmittedWorkload:
         priority=entry["workload"]["priority"],
         usage=usage,
         quota_reserved_at=entry["reserved_at"],
-        created_at=epoch(entry["workload"]["created_at"]),
+        created_at=epoch_of(entry["workload"]["created_at"]),
         uid=entry["uid"],
     )
 
