@@ -146,7 +146,9 @@ def _amounts(resources: Mapping[str, Any] | None) -> ResourceAmounts:
 def _gpu_flavor(usage: Mapping[str, Mapping[str, int]]) -> str | None:
     if not usage:
         return None
-    return min(usage, key=lambda flavor: (-int(usage[flavor].get(GPU, 0)), flavor))
+    # a flavor that holds only Kueue's pod count bills nothing: it is not the one to price by
+    billed = [flavor for flavor, resources in usage.items() if set(resources) - {"pods"}] or list(usage)
+    return min(billed, key=lambda flavor: (-int(usage[flavor].get(GPU, 0)), flavor))
 
 
 def _pod_running(event_id: str, pod: Mapping[str, Any], flavor: str) -> PodsRunning:

@@ -67,6 +67,7 @@ from services.core.quota import (
 )
 from services.core.quota import Workload as CoreWorkload
 from services.core.quota.dynamic import with_borrowing_limits
+from services.core.quota.flavors import PODS
 from services.core.quota.model import QueueingStrategy, Reason
 from services.core.quota.tree import available
 from services.policy import quota_rules
@@ -728,15 +729,25 @@ def _convert_admitted(entry: dict) -> AdmittedWorkload:
 
 
 def _usage_by_flavor(workload: dict, flavors: dict, counts: dict) -> dict[str, dict[str, int]]:
+    """What a reservation holds, per flavor and resource, as the core's flavor assigner counts
+    it: each pod set's requests times its count and, in a ClusterQueue that covers Kueue's
+    `pods` resource (a flavor was chosen for it), one pod (1,000 milli) per count. Without the
+    pods, every reservation after the drain that made it counted none, and a queue with a
+    pods quota of 2 took a third one-pod workload."""
     usage: dict[str, dict[str, int]] = {}
     for ps in workload["pod_sets"]:
         count = counts.get(ps["name"], ps["count"])
+        chosen = flavors.get(ps["name"], {})
         for resource, per_pod in ps["requests"].items():
-            flavor = flavors.get(ps["name"], {}).get(resource)
-            if flavor is None:
+            flavor = chosen.get(resource)
+            if flavor is None or resource == PODS:
                 continue
             by_res = usage.setdefault(flavor, {})
             by_res[resource] = by_res.get(resource, 0) + per_pod * count
+        flavor = chosen.get(PODS)
+        if flavor is not None:
+            by_res = usage.setdefault(flavor, {})
+            by_res[PODS] = by_res.get(PODS, 0) + count * 1000
     return usage
 
 

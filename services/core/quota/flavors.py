@@ -39,6 +39,10 @@ from services.core.quota.tree import available, height_of_lowest_subtree_that_fi
 _NO_BORROW = 1 << 60  # worst borrowing level, for comparisons
 
 
+#: Kueue's pod-count resource: a ClusterQueue that covers it counts each pod as 1 (1,000 milli)
+PODS = "pods"
+
+
 class Mode(IntEnum):
     """Kueue's granular preemption mode, worst to best."""
 
@@ -245,8 +249,8 @@ class FlavorAssigner:
         plan = plans.get(key)
         if plan is None:
             requests = {res: per_pod * count for res, per_pod in ps.requests}
-            if "pods" in self.cq.rg_by_resource:
-                requests["pods"] = count * 1000
+            if PODS in self.cq.rg_by_resource:
+                requests[PODS] = count * 1000
             steps = []
             for res in sorted(requests):
                 rg = self.cq.rg_by_resource.get(res)

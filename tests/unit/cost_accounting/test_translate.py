@@ -40,6 +40,13 @@ def test_reservation_takes_the_gpu_flavor():
     assert t.memo.flavor == "a100"
 
 
+def test_a_flavor_holding_only_the_pod_count_is_not_the_one_billed():
+    # a ClusterQueue that covers Kueue's `pods` in a resource group of its own
+    t = translate(reserved({"a-pods": {"pods": 1000}, "cpu-flavor": {"cpu": 4000}}))
+    (event,) = t.events
+    assert (event.flavor, event.resources.cpu_milli) == ("cpu-flavor", 4000)
+
+
 def test_pod_before_reservation_is_deferred_then_replayed():
     first = translate(pod())
     assert first.events == () and len(first.memo.deferred) == 1
