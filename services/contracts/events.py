@@ -26,6 +26,7 @@ class ActionAdmit:
     node_selector: dict | None = None
     tolerations: list | None = None
     flavors: dict | None = None
+    counts: dict | None = None  # pod set -> pods admitted; said only under partial admission
 
 
 @quick_init

@@ -1147,6 +1147,10 @@ class _Emitter:
         for by_res in entry["flavors"].values():
             for flavor in by_res.values():
                 node_selector.update(ctx.node_labels.get(flavor, {}))
+        # Partial admission (minCount): the watcher must run only the pods the quota holds
+        full = {ps["name"]: ps["count"] for ps in entry["workload"]["pod_sets"]}
+        counts = entry["counts"]
+        partial = any(count < full.get(name, count) for name, count in counts.items())
         self.add(
             "qm.actions",
             entry["uid"],
@@ -1157,6 +1161,7 @@ class _Emitter:
                 kind="Job",
                 node_selector=node_selector,
                 flavors=entry["flavors"],
+                counts=dict(counts) if partial else None,
             ),
             identity=(entry["uid"], entry["reserved_at"], entry.get("attempt", 0), "admit"),
         )

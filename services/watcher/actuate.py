@@ -1,8 +1,10 @@
 """Apply qm.actions to the cluster: Admit, Evict, Cleanup.
 
 * ``action.admit.v1``   unsuspend the Job and pin it to the flavor (its nodeLabels as the pod
-  template's nodeSelector, its tolerations added), in one update, as Kueue does. The Job's
-  original nodeSelector/tolerations are kept in an annotation so an eviction restores them.
+  template's nodeSelector, its tolerations added), in one update, as Kueue does; under partial
+  admission (the action's ``counts`` below the Job's parallelism) the parallelism comes down to
+  the admitted count. The Job's original nodeSelector/tolerations/parallelism are kept in an
+  annotation so an eviction restores them.
 * ``action.evict.v1``   annotate the Job and its pods with the reason and the checkpoint
   signal, wait the grace period, then suspend the Job (the Job controller deletes its pods),
   clear its status.startTime and restore the template, Kueue-style (three writes).
@@ -192,12 +194,19 @@ class Actuator:
         pod_spec = spec["template"].setdefault("spec", {})
         selector = dict(pod_spec.get("nodeSelector") or {})
         pinned = all(selector.get(k) == v for k, v in flavor.node_labels.items())
-        if not spec.get("suspend", False) and pinned:
+        # Partial admission: the quota holds fewer pods than the Job asks to run at once, so it
+        # runs that many (Kueue sets the Job's parallelism likewise; an eviction restores it)
+        admitted = (p.get("counts") or {}).get("main")
+        parallelism = admitted if admitted is not None and admitted < spec.get("parallelism", 1) else None
+        if not spec.get("suspend", False) and pinned and (admitted is None or spec.get("parallelism", 1) <= admitted):
             return ALREADY_APPLIED, f"already admitted to {flavor.name}", {"flavor": flavor.name}
         if ANN_ORIGINAL_SCHEDULING not in anns:
             anns[ANN_ORIGINAL_SCHEDULING] = orjson.dumps(
-                {"nodeSelector": pod_spec.get("nodeSelector"), "tolerations": pod_spec.get("tolerations")}
+                {"nodeSelector": pod_spec.get("nodeSelector"), "tolerations": pod_spec.get("tolerations"),
+                 "parallelism": spec.get("parallelism")}
             ).decode()
+        if parallelism is not None:
+            spec["parallelism"] = parallelism
         pod_spec["nodeSelector"] = {**selector, **flavor.node_labels}
         tolerations = list(pod_spec.get("tolerations") or [])
         for t in flavor.tolerations:
@@ -211,7 +220,8 @@ class Actuator:
             anns.pop(k, None)
         spec["suspend"] = False
         await self._put_job(job)
-        return APPLIED, f"unsuspended with flavor {flavor.name}", {
+        partially = f", {parallelism} pods at a time (partial admission)" if parallelism is not None else ""
+        return APPLIED, f"unsuspended with flavor {flavor.name}{partially}", {
             "flavor": flavor.name, "node_selector": pod_spec["nodeSelector"]}
 
     async def _evict(self, action: Mapping[str, Any], p: Mapping[str, Any]) -> tuple[str, str, dict]:
@@ -314,6 +324,11 @@ class Actuator:
                 pod_spec.pop(k, None)
             else:
                 pod_spec[k] = o[k]
+        if "parallelism" in o:  # (annotations written before partial admission have none)
+            if o["parallelism"] is None:
+                job["spec"].pop("parallelism", None)
+            else:
+                job["spec"]["parallelism"] = o["parallelism"]
         return True
 
     async def _cleanup(self, action: Mapping[str, Any], p: Mapping[str, Any]) -> tuple[str, str, dict]:

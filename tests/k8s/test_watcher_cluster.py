@@ -457,6 +457,40 @@ async def test_evict_signals_checkpoint_before_pods_stop_then_suspends(admin: Ku
         await w.stop()
 
 
+async def test_partial_admission_runs_the_admitted_pods_and_an_eviction_restores_the_parallelism(
+        admin: Kube, watcher_kube: Kube):
+    """Kueue's partial admission (job-min-parallelism): quota for 2 of the Job's 4 pods. The Job
+    runs 2 at a time until an eviction suspends it with its own parallelism back."""
+    log = EventLog()
+    w = await start_watcher(watcher_kube, log, flavors=A100)
+    actuator = Actuator(watcher_kube, log, flavors=A100)
+    try:
+        job = gpu_job("partial", NS, pods=4, gpus_per_pod=1, run_s=600)
+        job["metadata"]["annotations"] = {"kueue.x-k8s.io/job-min-parallelism": "2"}
+        await apply(admin, job)
+        uid = (await admin.get(job_path("partial")))["metadata"]["uid"]
+        admit = admit_action(uid, NS, "partial", flavors={"main": {"nvidia.com/gpu": "a100-flavor"}},
+                             counts={"main": 2})
+        result = await actuator.apply(admit)
+        assert result.outcome == APPLIED and "2 pods at a time" in result.message
+        admitted = await admin.get(job_path("partial"))
+        assert admitted["spec"]["parallelism"] == 2 and admitted["spec"]["suspend"] is False
+        assert (await actuator.apply(admit)).outcome == ALREADY_APPLIED
+
+        def running_pods():
+            return [e["payload"] for e in log.events(normalize.POD_RUNNING) if e["payload"]["workload_uid"] == uid]
+
+        await wait_until(lambda: len(running_pods()) == 2, 60, what="the 2 admitted pods running")
+        await asyncio.sleep(2)
+        assert len(running_pods()) == 2, "no pod beyond the admitted count"
+        evict = evict_action(uid, NS, "partial", reason="Preempted", grace_period_s=1)
+        assert (await actuator.apply(evict)).outcome == APPLIED
+        evicted = await admin.get(job_path("partial"))
+        assert evicted["spec"]["suspend"] is True and evicted["spec"]["parallelism"] == 4
+    finally:
+        await w.stop()
+
+
 async def test_cleanup_deletes_the_job_once(admin: Kube, watcher_kube: Kube):
     log = EventLog()
     actuator = Actuator(watcher_kube, log, flavors=A100)
