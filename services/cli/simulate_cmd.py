@@ -12,7 +12,6 @@ from __future__ import annotations
 import enum
 import json
 import sys
-from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,6 +20,7 @@ import yaml
 
 from services.adapters.gc_tuning import tune_gc
 from services.contracts import yaml_documents
+from services.contracts.codec import epoch_of
 from services.core.quota import ConfigError, build_snapshot, drain, load_objects, run_cycles
 
 _SUFFIXES = (".yaml", ".yml", ".json")
@@ -68,7 +68,7 @@ def _parse_now(value: str | None) -> float:
     if value is None:
         return 0.0
     try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        return epoch_of(value)
     except ValueError:
         raise typer.BadParameter(f"--now must be an RFC 3339 time, got {value!r}") from None
 

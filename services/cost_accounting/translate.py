@@ -63,6 +63,7 @@ from services.core.frozen import quick_init
 __all__ = ["RELEVANT_EVENT_TYPES", "Translation", "WorkloadMemo", "at_ms", "translate", "workload_uid_of"]
 
 GPU: Final = "nvidia.com/gpu"
+PODS: Final = "pods"  # Kueue's pod-count resource
 
 #: The event types the cost service reads; everything else on its topics is skipped early.
 RELEVANT_EVENT_TYPES: Final = frozenset(
@@ -147,7 +148,7 @@ def _gpu_flavor(usage: Mapping[str, Mapping[str, int]]) -> str | None:
     if not usage:
         return None
     # a flavor that holds only Kueue's pod count bills nothing: it is not the one to price by
-    billed = [flavor for flavor, resources in usage.items() if set(resources) - {"pods"}] or list(usage)
+    billed = [flavor for flavor, resources in usage.items() if set(resources) - {PODS}] or list(usage)
     return min(billed, key=lambda flavor: (-int(usage[flavor].get(GPU, 0)), flavor))
 
 

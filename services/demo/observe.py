@@ -10,7 +10,7 @@ from decimal import Decimal
 
 from aiokafka import AIOKafkaConsumer
 
-from services.contracts.codec import ContractError, decode_all, parse_utc
+from services.contracts.codec import ContractError, decode_all, epoch_of
 
 
 @dataclass
@@ -37,7 +37,7 @@ class Observed:
         if kind == "workload.validated.v1":
             self.validated += 1
             self.pending_now[p.uid] = p.cluster_queue
-            self.validated_at[p.uid] = parse_utc(p.created_at).timestamp()
+            self.validated_at[p.uid] = epoch_of(p.created_at)
         elif kind == "workload.rejected.v1":
             self.rejected += 1
             self.rejections[p.message] += 1
@@ -47,7 +47,7 @@ class Observed:
             self.admitted_now[p.uid] = p.cluster_queue
             self.by_queue[p.cluster_queue]["admitted"] += 1
             if p.uid in self.validated_at:
-                at = parse_utc(p.reserved_at).timestamp()
+                at = epoch_of(p.reserved_at)
                 self.waits_s.append((p.reserved_at, max(0.0, at - self.validated_at[p.uid])))
         elif kind in ("workload.released.v1", "workload.finished.v1"):
             cq = self.admitted_now.pop(p.uid, None)

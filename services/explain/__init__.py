@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from services.contracts.codec import Envelope, parse_utc
+from services.contracts.codec import Envelope, epoch_of
 from services.core.quantity import format_milli
 
 __all__ = ["Explanation", "Holder", "Step", "Verdict", "explain", "quota_holders"]
@@ -150,7 +150,7 @@ def _uids(envelopes: Sequence[Envelope], namespace: str, name: str) -> set[str]:
 
 def _ts(envelope: Envelope) -> float:
     try:
-        return parse_utc(envelope.occurred_at).timestamp()
+        return epoch_of(envelope.occurred_at)
     except ValueError:
         return 0.0
 

@@ -1148,9 +1148,8 @@ class _Emitter:
             for flavor in by_res.values():
                 node_selector.update(ctx.node_labels.get(flavor, {}))
         # Partial admission (minCount): the watcher must run only the pods the quota holds
-        full = {ps["name"]: ps["count"] for ps in entry["workload"]["pod_sets"]}
         counts = entry["counts"]
-        partial = any(count < full.get(name, count) for name, count in counts.items())
+        partial = any(counts.get(ps["name"], ps["count"]) < ps["count"] for ps in entry["workload"]["pod_sets"])
         self.add(
             "qm.actions",
             entry["uid"],

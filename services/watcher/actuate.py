@@ -198,7 +198,7 @@ class Actuator:
         # runs that many (Kueue sets the Job's parallelism likewise; an eviction restores it)
         admitted = (p.get("counts") or {}).get("main")
         parallelism = admitted if admitted is not None and admitted < spec.get("parallelism", 1) else None
-        if not spec.get("suspend", False) and pinned and (admitted is None or spec.get("parallelism", 1) <= admitted):
+        if not spec.get("suspend", False) and pinned and parallelism is None:
             return ALREADY_APPLIED, f"already admitted to {flavor.name}", {"flavor": flavor.name}
         if ANN_ORIGINAL_SCHEDULING not in anns:
             anns[ANN_ORIGINAL_SCHEDULING] = orjson.dumps(
@@ -319,16 +319,14 @@ class Actuator:
             return False
         o = orjson.loads(original)
         pod_spec = job["spec"]["template"].setdefault("spec", {})
-        for k in ("nodeSelector", "tolerations"):
-            if o.get(k) is None:
-                pod_spec.pop(k, None)
+        # (annotations written before partial admission have no parallelism: left as it is)
+        for fields, k in ((pod_spec, "nodeSelector"), (pod_spec, "tolerations"), (job["spec"], "parallelism")):
+            if k not in o:
+                continue
+            if o[k] is None:
+                fields.pop(k, None)
             else:
-                pod_spec[k] = o[k]
-        if "parallelism" in o:  # (annotations written before partial admission have none)
-            if o["parallelism"] is None:
-                job["spec"].pop("parallelism", None)
-            else:
-                job["spec"]["parallelism"] = o["parallelism"]
+                fields[k] = o[k]
         return True
 
     async def _cleanup(self, action: Mapping[str, Any], p: Mapping[str, Any]) -> tuple[str, str, dict]:
