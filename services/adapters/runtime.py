@@ -357,13 +357,14 @@ PRODUCER_LINGER_MS = producer_linger_ms(os.environ.get("QM_PRODUCER_LINGER_MS"))
 
 class _ShortFetchConsumerThread(_KafkaConsumerThread):
     """faust's consumer thread, building aiokafka's consumer with FETCH_MAX_WAIT_MS and
-    FETCH_MIN_BYTES (or the runtime's own `agent_fetch_min_bytes`)."""
+    FETCH_MIN_BYTES (or the runtime's own `agent_fetch_max_wait_ms`, `agent_fetch_min_bytes`)."""
 
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
         runtime = getattr(self.app, "qm_runtime", None)
         gather = runtime.agent_fetch_min_bytes if runtime is not None else None
-        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # both read when its fetcher starts
+        wait = runtime.agent_fetch_max_wait_ms if runtime is not None else None
+        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS if wait is None else wait  # both read when its fetcher starts
         consumer._fetch_min_bytes = FETCH_MIN_BYTES if gather is None else max(gather, 1)
         return consumer
 
@@ -576,9 +577,11 @@ class ServiceRuntime:
         self.app.qm_guarded_topics = set()
         self.app.qm_handled = weakref.WeakSet()
         self.app.qm_runtime = self
-        # How much the broker gathers (for at most FETCH_MAX_WAIT_MS) before it answers this
-        # worker's faust agents: None, FETCH_MIN_BYTES. Set before the worker starts (ADR 0053).
+        # How much the broker gathers (for at most FETCH_MAX_WAIT_MS, or agent_fetch_max_wait_ms)
+        # before it answers this worker's faust agents: None, FETCH_MIN_BYTES. Set before the
+        # worker starts (ADR 0053, ADR 0061).
         self.agent_fetch_min_bytes: int | None = None
+        self.agent_fetch_max_wait_ms: int | None = None
         # Per consumed topic: the table of applied offsets, and this worker's cursors for the
         # partitions it owns now (the next offset each expects; reset at every assignment).
         self._cursor_tables: dict[str, faust.Table] = {}

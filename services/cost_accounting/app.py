@@ -44,7 +44,7 @@ from services.adapters.runtime import (
     _current_batch,
     record_position,
 )
-from services.adapters.settings import Settings, milliseconds_env
+from services.adapters.settings import Settings, milliseconds_env, whole_number_env
 from services.adapters.take_batches import take_batches
 from services.contracts.codec import ContractError, Envelope
 from services.contracts.events import RECORD_TYPES
@@ -179,6 +179,15 @@ async def on_workload_event(envelope: Envelope, event) -> None:
         raise
 
 
+# The ledger is read by billing, minutes or hours later; no decision waits on it. Answered as
+# soon as anything was there, the fold fetched a handful of events at a time and woke the
+# broker and itself ~10 times as often as it had to, on the cores the deciding services need:
+# the broker gathers 256 KiB or waits 500 ms first (ADR 0061).
+runtime.agent_fetch_min_bytes = whole_number_env(
+    "QM_COST_FETCH_MIN_BYTES", 262144, "cost-accounting",
+    "as QM_FETCH_MIN_BYTES says, by default answered as soon as anything is there", unit="a number of bytes") or None
+runtime.agent_fetch_max_wait_ms = milliseconds_env(
+    "QM_COST_FETCH_MAX_WAIT_MS", 500, "cost-accounting", "as QM_FETCH_MAX_WAIT_MS says (100 ms by default)") or None
 runtime.consume("qm.workloads", on_workload_event, agent_name="fold_ledger", batched=True,
                 reads=[RECORD_TYPES[t] for t in FOLDED_TYPES])
 
