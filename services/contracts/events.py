@@ -49,6 +49,12 @@ class ActionEvict:
     """Command to the watcher: signal a checkpoint, wait the grace period, then stop the workload."""
 
     EVENT_TYPE = "action.evict.v1"
+    #: The reason of the queue-manager's stop of a reservation whose pods were not ready within
+    #: podsReadyTimeout (Kueue's eviction reason); a preemption's evictions name other reasons.
+    PODS_READY_TIMEOUT = "PodsReadyTimeout"
+    #: ... and of its stop of a queued workload found running before it was admitted (a Job
+    #: unsuspended by hand, or created while the mutating webhook was not there).
+    NOT_ADMITTED = "NotAdmitted"
 
     workload_uid: str
     namespace: str

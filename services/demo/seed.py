@@ -477,7 +477,8 @@ async def step5(pl: Player) -> StepResult:
     await pl.trail.wait(reserved, pl.timeout)
     await asyncio.sleep(0.5)
     evicted = pl.trail.of("qm.workloads", "workload.evicted.v1")
-    actions = pl.trail.of("qm.actions", "action.evict.v1")
+    # the preemption service's evictions (step 4's stop of an expired reservation is the queue-manager's)
+    actions = [a for a in pl.trail.of("qm.actions", "action.evict.v1") if a.producer == "preemption"]
     victims = sorted({e.payload.name for e in evicted})
     batch_names = {batch_a.name, batch_b.name}
     r.observed = {
@@ -541,7 +542,8 @@ async def step6(pl: Player) -> StepResult:
 async def step4(pl: Player) -> StepResult:
     r = StepResult(4, "a reservation whose pods never start expires and is billed as reserved-idle",
                    "workload.prefreeze_expired.v1 for ml-team/stuck-16gpu after 300 s (10:00:00 -> 10:05:00), "
-                   "and a reserved-idle ledger row of 16 x 5/60 = 1.333333333 GPU-hours")
+                   "its Job stopped (action.evict.v1, PodsReadyTimeout, no grace) so late pods do not run on "
+                   "released quota, and a reserved-idle ledger row of 16 x 5/60 = 1.333333333 GPU-hours")
     await pl.finish_all(at(9, 59), keep=("research/research-16gpu",))
     stuck = Workload("ml-team", "stuck-16gpu", 16, "training")
     reserved = await pl.submit(stuck, at(10, 0))
@@ -549,6 +551,8 @@ async def step4(pl: Player) -> StepResult:
     await pl.tick(at(10, 5))
     expired = await pl.trail.wait(
         lambda: pl.trail.of("qm.workloads", "workload.prefreeze_expired.v1", uid=stuck.uid), pl.timeout)
+    stops = await pl.trail.wait(
+        lambda: pl.trail.of("qm.actions", "action.evict.v1", workload_uid=stuck.uid), pl.timeout)
     pl.explain(stuck.key, "after step 4")
     # Delete it before its backoff ends (it would be reserved again), then close the hour for the ledger.
     await pl.finish(stuck, at(10, 5, 30))
@@ -573,8 +577,10 @@ async def step4(pl: Player) -> StepResult:
                                                                                   e.payload.ChargePeriodEnd],
                                 "cost": e.payload.BilledCost} for e in rows],
         "reserved_idle_gpu_hours": str(gpu_hours),
+        "stopped": [{"reason": e.payload.reason, "grace_period_s": e.payload.grace_period_s} for e in stops or []],
     }
-    r.ok = bool(p and p.idle_s == 300 and _gpus(p.usage) == 16 and rows
+    r.ok = bool(p and p.idle_s == 300 and _gpus(p.usage) == 16 and rows and stops
+                and all(e.payload.reason == "PodsReadyTimeout" and e.payload.grace_period_s == 0 for e in stops)
                 and abs(gpu_hours - Decimal("1.333333333")) < Decimal("0.000001"))
     r.message = (f"idle {p.idle_s:.0f} s holding {_gpus(p.usage):g} GPU; billed {gpu_hours} GPU-hours reserved-idle"
                  if p else "no pre-freeze expiry seen")

@@ -27,12 +27,13 @@ running / finished         as it says, with what it has been billed
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from services.contracts.codec import Envelope, epoch_of
+from services.contracts.events import ActionEvict
 from services.core.quantity import format_milli
 
 __all__ = ["Explanation", "Holder", "Step", "Verdict", "explain", "quota_holders"]
@@ -361,11 +362,25 @@ def _billed(trail: Sequence[Envelope]) -> dict[str, Any]:
     }
 
 
-def _last(trail: Sequence[Envelope], *types: str) -> tuple[int, Envelope | None]:
+def _last(trail: Sequence[Envelope], *types: str,
+          unless: Callable[[Envelope], bool] | None = None) -> tuple[int, Envelope | None]:
     for index in range(len(trail) - 1, -1, -1):
-        if trail[index].event_type in types:
+        if trail[index].event_type in types and not (unless is not None and unless(trail[index])):
             return index, trail[index]
     return -1, None
+
+
+def _stops_an_expired_reservation(e: Envelope) -> bool:
+    """The queue-manager's Evict of a Job whose pods were not ready in time: part of the
+    pre-freeze story, not a preemption."""
+    return e.event_type == "action.evict.v1" and e.payload.reason == ActionEvict.PODS_READY_TIMEOUT
+
+
+def _stops_a_queue_managers_job(e: Envelope) -> bool:
+    """An Evict the queue-manager sent itself (an expired reservation's, or one of a Job found
+    running before it was admitted): no preemption."""
+    return e.event_type == "action.evict.v1" and e.payload.reason in (ActionEvict.PODS_READY_TIMEOUT,
+                                                                       ActionEvict.NOT_ADMITTED)
 
 
 def _holders_text(holders: Sequence[Holder], limit: int = 5) -> str:
@@ -436,8 +451,9 @@ def explain(workload_key: str, envelopes: Iterable[Envelope]) -> Explanation:
     i_deact, deactivated = _last(trail, "workload.deactivated.v1")
     i_rejected, rejected = _last(trail, "workload.rejected.v1")
     i_validated, _ = _last(trail, "workload.validated.v1")
-    i_evicted, evicted = _last(trail, "workload.evicted.v1", "action.evict.v1")
+    i_evicted, evicted = _last(trail, "workload.evicted.v1", "action.evict.v1", unless=_stops_a_queue_managers_job)
     i_expired, expired = _last(trail, "workload.prefreeze_expired.v1")
+    i_stopped, _ = _last(trail, "action.evict.v1", unless=lambda e: not _stops_an_expired_reservation(e))
     i_running, _ = _last(trail, "workload.running.v1", "pod.running.v1")
     i_pod_end, _ = _last(trail, "pod.finished.v1")
     i_admit, admit = _last(trail, "action.admit.v1")
@@ -484,6 +500,8 @@ def explain(workload_key: str, envelopes: Iterable[Envelope]) -> Explanation:
         p = expired.payload
         _, requeued = _last(trail, "workload.requeued.v1")
         retry = f" It was requeued; next try at {requeued.payload.requeue_at}." if requeued else ""
+        if i_stopped > i_reserved:  # (at the expiry's own time, in either order)
+            retry = " Its Job was stopped, so pods that start late do not run on released quota." + retry
         return result(
             Verdict.PREFREEZE_EXPIRED,
             f"Quota was reserved (pre-frozen) for {workload_key} but its pods were not ready within the timeout: "

@@ -34,6 +34,7 @@ from services.contracts.codec import Envelope, epoch_of, make_envelope, utc_iso
 from services.contracts.events import (
     ActionAdmit,
     ActionCleanup,
+    ActionEvict,
     ClockTick,
     ClusterSignals,
     DrainDue,
@@ -212,7 +213,10 @@ def _step(state: dict, payload: Any, ctx: Context, configured: Objects, previous
         return
     elif isinstance(payload, WorkloadRunning):
         entry = state["admitted"].get(payload.uid)
-        if entry is None or entry["running_at"] is not None:
+        if entry is None:
+            _stop_if_never_admitted(state, payload, emit)
+            return
+        if entry["running_at"] is not None:
             return
         _mark_running(state, ctx, entry, epoch_of(payload.started_at))
         emit.usage_changed({entry["namespace"]})
@@ -375,8 +379,9 @@ def _limit_message(key: tuple[str, str, str], previous: int | None, outcome: quo
 
 
 def _expire_idle_reservations(state: dict, ctx: Context, emit: _Emitter) -> bool:
-    """Pre-freeze timeout: a reservation not running within podsReadyTimeout is released and
-    requeued with exponential backoff; after max_expiries the workload is deactivated."""
+    """Pre-freeze timeout: a reservation not running within podsReadyTimeout is released, its
+    Job stopped (an Evict without grace) and requeued with exponential backoff; after
+    max_expiries the workload is deactivated (and stopped too)."""
     now, timeout, admitted = state["now"], ctx.pods_ready_timeout_s, state["admitted"]
     touched = set()
     # Every tick looks at every admitted workload; sorting them all first was ~10% of the
@@ -406,6 +411,12 @@ def _expire_idle_reservations(state: dict, ctx: Context, emit: _Emitter) -> bool
             identity=(uid, entry["reserved_at"], entry.get("attempt", 0), "expired"),
         )
         emit.released(entry, "PodsReadyTimeout", expired_at)
+        # The Job was unsuspended when its quota was reserved: stop it, as Kueue evicts on
+        # waitForPodsReady's timeout, or pods that start later (a node that comes up, an image
+        # that finally pulls) run on quota released to others. No grace: nothing ran to checkpoint.
+        emit.add("qm.actions", uid, ActionEvict(
+            workload_uid=uid, namespace=entry["namespace"], name=entry["name"], kind="Job",
+            reason=ActionEvict.PODS_READY_TIMEOUT, grace_period_s=0), identity=(uid, entry["reserved_at"], entry.get("attempt", 0), "stop"))
         if expiries >= ctx.max_expiries:
             emit.add(
                 "qm.workloads",
@@ -443,6 +454,20 @@ def _requeue(state: dict, ctx: Context, emit: _Emitter, entry: dict, reason: str
         uid=entry["uid"], namespace=entry["namespace"], name=entry["name"], cluster_queue=entry["cluster_queue"],
         reason=reason, requeue_at=iso(workload["eligible_at"]), backoff_s=int(backoff), attempt=attempt),
         identity=(entry["uid"], entry["reserved_at"], entry.get("attempt", 0), "requeued"))
+
+
+def _stop_if_never_admitted(state: dict, running: WorkloadRunning, emit: _Emitter) -> None:
+    """A queued workload that runs before any admission (its Job unsuspended by hand, or created
+    while the mutating webhook was away) runs on quota nobody reserved: stop it, once per
+    queued attempt, as Kueue's job reconciler stops a Job it has not admitted. A requeued
+    workload (attempts > 0) was stopped already, by its eviction or its expiry."""
+    waiting = state["pending"].get(running.uid)
+    if waiting is None or waiting["attempts"] or waiting.get("stopped"):
+        return
+    waiting["stopped"] = True
+    emit.add("qm.actions", running.uid, ActionEvict(
+        workload_uid=running.uid, namespace=waiting["namespace"], name=waiting["name"], kind="Job",
+        reason=ActionEvict.NOT_ADMITTED, grace_period_s=0), identity=(running.uid, "not-admitted"))
 
 
 def _track_pod(state: dict, pod: PodRunning | PodFinished) -> None:

@@ -85,6 +85,8 @@ def test_step4_reservation_that_never_starts_expires_and_is_billed_reserved_idle
     assert expired["idle_s"] == 300 and expired["gpus"] == 16
     assert Decimal(s["observed"]["reserved_idle_gpu_hours"]) == Decimal("1.333333333")
     assert all(r["cost_center"] == "cc-ml" for r in s["observed"]["reserved_idle_rows"])
+    # its Job is stopped (Kueue evicts on waitForPodsReady's timeout): no pod starts on released quota
+    assert s["observed"]["stopped"] == [{"reason": "PodsReadyTimeout", "grace_period_s": 0}]
     e = _verdict(seed, "ml-team/stuck-16gpu", "after step 4")
     assert e["verdict"] == "prefreeze-expired"
     assert "16 GPU sat idle 300 s" in e["answer"]

@@ -106,8 +106,14 @@ async def test_seed_flow_reserve_pending_run_expire(kafka_bootstrap, topic_prefi
     assert by_type["workload.requeued.v1"] == 1
     # With train-4 released at 10:05, 20 GPUs are free: the 24-GPU one still does not fit; nothing else moved.
     actions = await events_on(kafka_bootstrap, topic_prefix + "qm.actions")
-    assert sorted(a.payload.name for a in actions) == ["train-4", "used"]
-    assert all(a.payload.node_selector == {"gpu.nvidia.com/class": "a100"} for a in actions)
+    admits = [a.payload for a in actions if a.event_type == "action.admit.v1"]
+    assert sorted(a.name for a in admits) == ["train-4", "used"]
+    assert all(a.node_selector == {"gpu.nvidia.com/class": "a100"} for a in admits)
+    # the expired reservation's Job is stopped, so its pods cannot start on the released quota
+    stops = [(a.payload.name, a.payload.reason, a.payload.grace_period_s) for a in actions
+             if a.event_type == "action.evict.v1"]
+    assert stops == [("train-4", "PodsReadyTimeout", 0)]
+    assert len(actions) == 3
 
 
 async def uncommitted(bootstrap: str, group: str, topic: str) -> int:

@@ -9,6 +9,7 @@ import pytest
 from services.contracts.codec import make_envelope
 from services.contracts.events import (
     ActionAdmit,
+    ActionEvict,
     LedgerRow,
     PodRunning,
     PreemptionVictimsSelected,
@@ -129,6 +130,25 @@ CASES = [
       env(WorkloadRequeued(uid=UID, namespace=NS, name=NAME, reason="PodsReadyTimeout", requeue_at=at(363),
                            attempt=1, backoff_s=60, cluster_queue="gpu-queue"), 303, "queue-manager")],
      Verdict.PREFREEZE_EXPIRED, "16 GPU sat idle 300 s"),
+    # the queue-manager stops the Job of an expired reservation: that Evict is no preemption
+    ("pre-freeze expired, its Job stopped",
+     [submitted(), validated(), reserved(),
+      env(WorkloadPrefreezeExpired(uid=UID, namespace=NS, name=NAME, cluster_queue="gpu-queue", reserved_at=at(3),
+                                   expired_at=at(303), idle_s=300.0, usage={"a100-flavor": {GPU: 16000}}, expiries=1),
+          303, "queue-manager"),
+      env(ActionEvict(workload_uid=UID, namespace=NS, name=NAME, kind="Job", reason=ActionEvict.PODS_READY_TIMEOUT,
+                      grace_period_s=0), 303, "queue-manager"),
+      env(WorkloadRequeued(uid=UID, namespace=NS, name=NAME, reason="PodsReadyTimeout", requeue_at=at(363),
+                           attempt=1, backoff_s=60, cluster_queue="gpu-queue"), 303, "queue-manager")],
+     Verdict.PREFREEZE_EXPIRED, "Its Job was stopped, so pods that start late do not run on released quota"),
+    # a Job unsuspended by hand while it waited: the queue-manager stopped it; it still waits
+    ("stopped for running unadmitted",
+     [*other_holders(), submitted(), validated(),
+      pending(str(Reason.WAITING_FOR_QUOTA), "couldn't assign flavors to pod set main: insufficient unused quota for "
+              "nvidia.com/gpu in flavor a100-flavor, 8 more needed"),
+      env(ActionEvict(workload_uid=UID, namespace=NS, name=NAME, kind="Job", reason=ActionEvict.NOT_ADMITTED,
+                      grace_period_s=0), 5, "queue-manager")],
+     Verdict.WAITING_FOR_QUOTA, "ml-team/big-train 16 GPU"),
     ("preempted",
      [submitted(), validated(), reserved(), running(),
       submitted(uid="u-inf", name="chat-inference", gpus=8),

@@ -98,6 +98,27 @@ def test_reservation_that_never_runs_expires_is_requeued_with_backoff_and_priced
     assert "uid-stuck" in state["admitted"]  # eligible again after the backoff
 
 
+def test_an_expired_reservation_stops_its_job_so_late_pods_do_not_run_on_released_quota():
+    # The admit unsuspended the Job; its pods never ran (no node for them yet, say). Kueue
+    # evicts on waitForPodsReady's timeout, and so does the queue-manager: an Evict without
+    # grace, keyed by the workload, with an id fixed by the reservation it ends.
+    state, _ = run([validated("stuck", 16)])
+    state, outputs = run([tick("2026-11-29T10:05:00Z")], state)
+    (stop,) = [o for o in outputs if o.envelope.event_type == "action.evict.v1"]
+    assert stop.topic == "qm.actions" and stop.key == "uid-stuck"
+    p = stop.envelope.payload
+    assert (p.workload_uid, p.name, p.namespace, p.kind) == ("uid-stuck", "stuck", "ml-team", "Job")
+    assert (p.reason, p.grace_period_s) == ("PodsReadyTimeout", 0)
+    assert types(outputs).index("workload.released.v1") < types(outputs).index("action.evict.v1")
+    _, again = run([validated("stuck", 16), tick("2026-11-29T10:05:00Z")])
+    assert [o.envelope.event_id for o in again if o.envelope.event_type == "action.evict.v1"] == [stop.envelope.event_id]
+    # readmitted after the backoff: the next expiry is another reservation, another stop
+    state, _ = run([tick("2026-11-29T10:06:00Z")], state)
+    state, outputs = run([tick("2026-11-29T10:11:00Z")], state)
+    (second,) = [o for o in outputs if o.envelope.event_type == "action.evict.v1"]
+    assert second.envelope.event_id != stop.envelope.event_id
+
+
 def test_running_reservation_does_not_expire_and_counts_as_running():
     state, _ = run([validated("ok", 8)])
     running = make_envelope(WorkloadRunning(uid="uid-ok", namespace="ml-team", name="ok",
@@ -117,6 +138,8 @@ def test_deactivated_after_too_many_expiries():
         state, outputs = run([tick(f"2026-11-29T{m}Z")], state)
         all_out += outputs
     assert "workload.deactivated.v1" in types(all_out)
+    # every expiry stopped the Job, the last (deactivating) one too
+    assert types(all_out).count("action.evict.v1") == types(all_out).count("workload.prefreeze_expired.v1") == CTX.max_expiries
     assert "uid-never" not in state["pending"] and "uid-never" not in state["admitted"]
 
 
@@ -225,3 +248,43 @@ def test_a_workload_deleted_before_its_verdict_arrives_is_never_queued():
     # others are judged as before
     state, outputs = run([validated("next", 4)], state)
     assert "uid-next" in state["admitted"]
+
+
+def running(name: str, at: str):
+    return make_envelope(WorkloadRunning(uid=f"uid-{name}", namespace="ml-team", name=name, started_at=at),
+                         producer="test", occurred_at=at)
+
+
+def test_a_queued_job_that_runs_before_admission_is_stopped_once():
+    # train-16 waits for quota; someone unsuspends its Job by hand (or the webhook was away when
+    # it was created) and its pods run on quota nobody reserved. Kueue's reconciler stops a Job
+    # it has not admitted; so does the queue-manager, once, without grace.
+    state, _ = run([validated("used", 24), validated("train-16", 16)])
+    assert "uid-train-16" in state["pending"]
+    state, outputs = run([running("train-16", "2026-11-29T10:01:00Z")], state)
+    (stop,) = [o for o in outputs if o.envelope.event_type == "action.evict.v1"]
+    assert stop.topic == "qm.actions" and stop.key == "uid-train-16"
+    assert (stop.envelope.payload.reason, stop.envelope.payload.grace_period_s) == ("NotAdmitted", 0)
+    assert "uid-train-16" in state["pending"] and "uid-train-16" not in state["admitted"]
+    # its other pods' running facts ask nothing more; the workload still waits its turn
+    state, outputs = run([running("train-16", "2026-11-29T10:01:02Z")], state)
+    assert "action.evict.v1" not in types(outputs)
+    done = make_envelope(WorkloadFinished(uid="uid-used", namespace="ml-team", name="used", succeeded=True,
+                                          finished_at="2026-11-29T10:30:00Z"),
+                         producer="test", occurred_at="2026-11-29T10:30:00Z")
+    state, outputs = run([done], state)
+    assert "uid-train-16" in state["admitted"] and "action.admit.v1" in types(outputs)
+    _, again = run([validated("used", 24), validated("train-16", 16), running("train-16", "2026-11-29T10:01:00Z")])
+    assert [o.envelope.event_id for o in again if o.envelope.event_type == "action.evict.v1"] == [stop.envelope.event_id]
+
+
+def test_running_facts_of_admitted_or_requeued_workloads_stop_nothing():
+    # admitted: its pods are meant to run
+    state, outputs = run([validated("ok", 8), running("ok", "2026-11-29T10:01:00Z")])
+    assert "action.evict.v1" not in types(outputs)
+    # requeued after its reservation expired: that expiry stopped its Job already, and a pod
+    # that was starting as it expired says nothing new
+    state, _ = run([validated("stuck", 16), tick("2026-11-29T10:05:00Z")])
+    assert "uid-stuck" in state["pending"]
+    state, outputs = run([running("stuck", "2026-11-29T10:05:01Z")], state)
+    assert "action.evict.v1" not in types(outputs)
