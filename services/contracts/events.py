@@ -53,7 +53,7 @@ class ActionEvict:
     #: podsReadyTimeout (Kueue's eviction reason); a preemption's evictions name other reasons.
     PODS_READY_TIMEOUT = "PodsReadyTimeout"
     #: ... and of its stop of a queued workload found running before it was admitted (a Job
-    #: unsuspended by hand, or created while the mutating webhook was not there).
+    #: unsuspended by hand, or created where the mutating webhook is not installed).
     NOT_ADMITTED = "NotAdmitted"
 
     workload_uid: str

@@ -458,7 +458,7 @@ def _requeue(state: dict, ctx: Context, emit: _Emitter, entry: dict, reason: str
 
 def _stop_if_never_admitted(state: dict, running: WorkloadRunning, emit: _Emitter) -> None:
     """A queued workload that runs before any admission (its Job unsuspended by hand, or created
-    while the mutating webhook was away) runs on quota nobody reserved: stop it, once per
+    where the mutating webhook is not installed) runs on quota nobody reserved: stop it, once per
     queued attempt, as Kueue's job reconciler stops a Job it has not admitted. A requeued
     workload (attempts > 0) was stopped already, by its eviction or its expiry."""
     waiting = state["pending"].get(running.uid)
