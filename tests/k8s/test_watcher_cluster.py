@@ -457,6 +457,39 @@ async def test_evict_signals_checkpoint_before_pods_stop_then_suspends(admin: Ku
         await w.stop()
 
 
+async def test_a_job_unsuspended_before_admission_is_stopped_at_once_with_its_template_as_it_was(
+        admin: Kube, watcher_kube: Kube):
+    """The queue-manager's stop of a Job found running before it was admitted (ADR 0062):
+    someone unsuspends a queued Job by hand; the Evict without grace suspends it again (its
+    pods go) and leaves its template as it was, since no admission pinned it."""
+    log = EventLog()
+    w = await start_watcher(watcher_kube, log, flavors=A100)
+    actuator = Actuator(watcher_kube, log, flavors=A100)
+    try:
+        await apply(admin, gpu_job("jumped", NS, pods=1, gpus_per_pod=1, run_s=600))
+        job = await admin.get(job_path("jumped"))
+        uid = job["metadata"]["uid"]
+        job["spec"]["suspend"] = False  # by hand, past the queue
+        await admin.request("PUT", job_path("jumped"), body=job)
+
+        def pods(kind):
+            return [e["payload"] for e in log.events(kind) if e["payload"]["workload_uid"] == uid]
+
+        await wait_until(lambda: len(pods(normalize.POD_RUNNING)) == 1, 60, what="the unadmitted pod running")
+        stop = evict_action(uid, NS, "jumped", reason="NotAdmitted", grace_period_s=0)
+        result = await actuator.apply(stop)
+        assert result.outcome == APPLIED, result.message
+        await wait_until(lambda: len(pods(normalize.POD_FINISHED)) == 1, 60, what="its pod to stop")
+        stopped = await admin.get(job_path("jumped"))
+        assert stopped["spec"]["suspend"] is True
+        assert stopped["metadata"]["annotations"][ANN_EVICT_REASON] == "NotAdmitted"
+        assert stopped["spec"]["template"]["spec"].get("nodeSelector") == job["spec"]["template"]["spec"].get(
+            "nodeSelector")
+        assert (await actuator.apply(stop)).outcome == ALREADY_APPLIED
+    finally:
+        await w.stop()
+
+
 async def test_partial_admission_runs_the_admitted_pods_and_an_eviction_restores_the_parallelism(
         admin: Kube, watcher_kube: Kube):
     """Kueue's partial admission (job-min-parallelism): quota for 2 of the Job's 4 pods. The Job
