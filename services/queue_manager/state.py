@@ -8,6 +8,8 @@ JSON-able dict so it can live in a faust table:
     admitted  uid -> workload + cluster_queue, flavors, counts, usage, reserved_at, running_at
     said      uid -> the last Pending reason|message published (no event storms)
     expiries  uid -> how many times its reservation expired before running
+    finished_unjudged / running_unjudged  uid -> None: a finish / a running fact that came
+              before the workload's verdict (bounded; the fact lane is not ordered with it)
     now       the latest event time seen (epoch seconds)
     limits    "cq|flavor|resource" -> the borrowingLimit a QuotaRule set (milli, None: no
               limit); absent: the configured one. Set only by cluster.signals.v1 events.
@@ -120,6 +122,16 @@ def empty_state() -> dict[str, Any]:
 FINISHED_UNJUDGED_KEPT = 4096
 
 
+def _remember_running_unjudged(state: dict, uid: str) -> None:
+    """A workload the cohort does not know yet runs: its Job runs before its verdict reached the
+    cohort (created where no webhook suspends it). Kept, bounded like the finishes below, so the
+    verdict that comes can stop it (ADR 0062)."""
+    unjudged = state.setdefault("running_unjudged", {})
+    unjudged[uid] = None
+    if len(unjudged) > FINISHED_UNJUDGED_KEPT:
+        del unjudged[next(iter(unjudged))]
+
+
 def _remember_finished_unjudged(state: dict, uid: str) -> None:
     """A finish (a deletion, mostly) of a workload the cohort does not know yet. Admission
     forwards facts on its fact lane and judges submissions on another, with no order between
@@ -187,6 +199,9 @@ def _step(state: dict, payload: Any, ctx: Context, configured: Objects, previous
             "eligible_at": 0.0,
             "attempts": 0,
         })
+        if payload.uid in state.get("running_unjudged", ()):
+            del state["running_unjudged"][payload.uid]
+            _stop_if_never_admitted(state, payload.uid, emit)  # before any Admit the drain sends
         if "due" in state:
             return  # the coming drain judges it in its place among the waiting
         # An arrival frees no quota, so under BestEffortFIFO only the newcomer can newly fit;
@@ -214,7 +229,10 @@ def _step(state: dict, payload: Any, ctx: Context, configured: Objects, previous
     elif isinstance(payload, WorkloadRunning):
         entry = state["admitted"].get(payload.uid)
         if entry is None:
-            _stop_if_never_admitted(state, payload, emit)
+            if payload.uid in state["pending"]:
+                _stop_if_never_admitted(state, payload.uid, emit)
+            elif payload.uid not in state.get("finished_unjudged", ()):
+                _remember_running_unjudged(state, payload.uid)
             return
         if entry["running_at"] is not None:
             return
@@ -456,18 +474,18 @@ def _requeue(state: dict, ctx: Context, emit: _Emitter, entry: dict, reason: str
         identity=(entry["uid"], entry["reserved_at"], entry.get("attempt", 0), "requeued"))
 
 
-def _stop_if_never_admitted(state: dict, running: WorkloadRunning, emit: _Emitter) -> None:
+def _stop_if_never_admitted(state: dict, uid: str, emit: _Emitter) -> None:
     """A queued workload that runs before any admission (its Job unsuspended by hand, or created
     where the mutating webhook is not installed) runs on quota nobody reserved: stop it, once per
     queued attempt, as Kueue's job reconciler stops a Job it has not admitted. A requeued
     workload (attempts > 0) was stopped already, by its eviction or its expiry."""
-    waiting = state["pending"].get(running.uid)
+    waiting = state["pending"].get(uid)
     if waiting is None or waiting["attempts"] or waiting.get("stopped"):
         return
     waiting["stopped"] = True
-    emit.add("qm.actions", running.uid, ActionEvict(
-        workload_uid=running.uid, namespace=waiting["namespace"], name=waiting["name"], kind="Job",
-        reason=ActionEvict.NOT_ADMITTED, grace_period_s=0), identity=(running.uid, "not-admitted"))
+    emit.add("qm.actions", uid, ActionEvict(
+        workload_uid=uid, namespace=waiting["namespace"], name=waiting["name"], kind="Job",
+        reason=ActionEvict.NOT_ADMITTED, grace_period_s=0), identity=(uid, "not-admitted"))
 
 
 def _track_pod(state: dict, pod: PodRunning | PodFinished) -> None:

@@ -288,3 +288,18 @@ def test_running_facts_of_admitted_or_requeued_workloads_stop_nothing():
     assert "uid-stuck" in state["pending"]
     state, outputs = run([running("stuck", "2026-11-29T10:05:01Z")], state)
     assert "action.evict.v1" not in types(outputs)
+
+
+def test_a_job_running_before_its_verdict_is_stopped_when_the_verdict_comes():
+    # Created where no webhook suspends it, the Job runs at once; admission's fact lane and its
+    # verdicts are separate consumers, so the running fact can come first. The verdict then
+    # queues it and stops it before anything else is said about it.
+    state, outputs = run([running("early", "2026-11-29T10:00:01Z")])
+    assert outputs == [] and "uid-early" not in state["pending"]
+    state, outputs = run([validated("early", 8)], state)
+    assert types(outputs)[0] == "action.evict.v1" and outputs[0].envelope.payload.reason == "NotAdmitted"
+    # 8 GPUs fit: admitted in the same step, after the stop, so the watcher suspends, then pins
+    # and unsuspends it, in that order (both keyed by the workload)
+    assert "action.admit.v1" in types(outputs)
+    assert types(outputs).index("action.evict.v1") < types(outputs).index("action.admit.v1")
+    assert "running_unjudged" in state and "uid-early" not in state["running_unjudged"]
