@@ -155,6 +155,22 @@ class Actuator:
             return None  # same name, another Job: the one the action meant is gone
         return job
 
+    async def _not_found(self, p: Mapping[str, Any]) -> str:
+        """Why an Admit or Evict found no batch/v1 Job: gone, or the workload is a Volcano Job,
+        which the watcher observes (the queue-manager queues it, the cost service bills it) but
+        cannot hold: batch.volcano.sh Jobs have no suspend. Listed by name, which the watcher's
+        list/watch permission allows where a get would need one more verb."""
+        try:
+            found = await self.kube.get(resource_path("batch.volcano.sh", "v1alpha1", "jobs", p["namespace"]),
+                                        fieldSelector=f"metadata.name={p['name']}")
+        except KubeError:
+            return "job not found"  # Volcano's CRD not served, or not readable: nothing more to say
+        if not any(j["metadata"].get("uid") == p.get("workload_uid") for j in found.get("items") or []):
+            return "job not found"
+        return ("a Volcano Job (batch.volcano.sh/v1alpha1): Quartermaster judges, queues and bills it, but holds, "
+                "pins and stops batch/v1 Jobs only; a Volcano Job has no suspend, so Volcano's scheduler runs it "
+                "whatever this action said")
+
     def _placement(self, p: Mapping[str, Any]) -> Flavor:
         """Where an Admit pins the workload: the action's node_selector/tolerations, else those
         of the ResourceFlavors it names (``flavors``: pod set -> resource -> flavor)."""
@@ -186,7 +202,7 @@ class Actuator:
     async def _admit(self, action: Mapping[str, Any], p: Mapping[str, Any]) -> tuple[str, str, dict]:
         job = await self._get_job(p)
         if job is None:
-            return NOT_FOUND, "job not found", {}
+            return NOT_FOUND, await self._not_found(p), {}
         flavor = self._placement(p)
         meta = job["metadata"]
         anns = meta.setdefault("annotations", {})
@@ -227,7 +243,7 @@ class Actuator:
     async def _evict(self, action: Mapping[str, Any], p: Mapping[str, Any]) -> tuple[str, str, dict]:
         job = await self._get_job(p)
         if job is None:
-            return NOT_FOUND, "job not found", {}
+            return NOT_FOUND, await self._not_found(p), {}
         if job["spec"].get("suspend", False):
             return ALREADY_APPLIED, "job already suspended", {}
         reason = p.get("reason") or "Preempted"

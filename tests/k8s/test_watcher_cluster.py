@@ -41,6 +41,7 @@ from services.watcher.actuate import (
     ANN_CHECKPOINT,
     ANN_EVICT_REASON,
     APPLIED,
+    NOT_FOUND,
     Actuator,
 )
 from services.watcher.kube import Kube, KubeError, resource_path
@@ -466,21 +467,22 @@ async def test_a_job_unsuspended_before_admission_is_stopped_at_once_with_its_te
     w = await start_watcher(watcher_kube, log, flavors=A100)
     actuator = Actuator(watcher_kube, log, flavors=A100)
     try:
-        await apply(admin, gpu_job("jumped", NS, pods=1, gpus_per_pod=1, run_s=600))
-        job = await admin.get(job_path("jumped"))
+        name = f"jumped-{uuid.uuid4().hex[:6]}"
+        await apply(admin, gpu_job(name, NS, pods=1, gpus_per_pod=1, run_s=600))
+        job = await admin.get(job_path(name))
         uid = job["metadata"]["uid"]
-        job["spec"]["suspend"] = False  # by hand, past the queue
-        await admin.request("PUT", job_path("jumped"), body=job)
+        await admin.request("PATCH", job_path(name), body={"spec": {"suspend": False}},  # by hand, past the queue
+                            content_type="application/merge-patch+json")
 
         def pods(kind):
             return [e["payload"] for e in log.events(kind) if e["payload"]["workload_uid"] == uid]
 
         await wait_until(lambda: len(pods(normalize.POD_RUNNING)) == 1, 60, what="the unadmitted pod running")
-        stop = evict_action(uid, NS, "jumped", reason="NotAdmitted", grace_period_s=0)
+        stop = evict_action(uid, NS, name, reason="NotAdmitted", grace_period_s=0)
         result = await actuator.apply(stop)
         assert result.outcome == APPLIED, result.message
         await wait_until(lambda: len(pods(normalize.POD_FINISHED)) == 1, 60, what="its pod to stop")
-        stopped = await admin.get(job_path("jumped"))
+        stopped = await admin.get(job_path(name))
         assert stopped["spec"]["suspend"] is True
         assert stopped["metadata"]["annotations"][ANN_EVICT_REASON] == "NotAdmitted"
         assert stopped["spec"]["template"]["spec"].get("nodeSelector") == job["spec"]["template"]["spec"].get(
@@ -522,6 +524,58 @@ async def test_partial_admission_runs_the_admitted_pods_and_an_eviction_restores
         assert evicted["spec"]["suspend"] is True and evicted["spec"]["parallelism"] == 4
     finally:
         await w.stop()
+
+
+VOLCANO_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "jobs.batch.volcano.sh"},
+    "spec": {"group": "batch.volcano.sh", "scope": "Namespaced",
+             "names": {"plural": "jobs", "singular": "job", "kind": "Job", "shortNames": ["vcjob"]},
+             "versions": [{"name": "v1alpha1", "served": True, "storage": True,
+                           "schema": {"openAPIV3Schema": {"type": "object",
+                                                          "x-kubernetes-preserve-unknown-fields": True}}}]},
+}
+
+
+async def test_actions_on_a_volcano_job_say_it_cannot_be_held(admin: Kube, watcher_kube: Kube):
+    """A Volcano Job with the queue label is queued and billed like a Job, but batch.volcano.sh
+    has no suspend: the watcher's answer to its Admit or Evict says so, where it said "job not
+    found" (what on-call read as a lost workload)."""
+    crds = resource_path("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+    with contextlib.suppress(KubeError):
+        await admin.request("POST", crds, body=VOLCANO_CRD)
+    vcjobs = resource_path("batch.volcano.sh", "v1alpha1", "jobs", NS)
+    try:
+        await wait_until(lambda: admin.serves("batch.volcano.sh", "v1alpha1", "jobs"), 30, what="the CRD served")
+        name = f"vc-train-{uuid.uuid4().hex[:6]}"
+        vcjob = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+                 "metadata": {"name": name, "namespace": NS, "labels": {"kueue.x-k8s.io/queue-name": "team-ml"}},
+                 "spec": {"minAvailable": 1, "tasks": [{"name": "worker", "replicas": 1, "template": {"spec": {
+                     "containers": [{"name": "c", "image": "x", "resources": {"requests": {"nvidia.com/gpu": "1"}}}]}}}]}}
+        created = await wait_until(lambda: _create(admin, vcjobs, vcjob), 30, what="the Volcano Job created")
+        uid = created["metadata"]["uid"]
+        actuator = Actuator(watcher_kube, EventLog(), flavors=A100)
+        admit = await actuator.apply(admit_action(uid, NS, name, flavors={"main": {"nvidia.com/gpu": "a100-flavor"}}))
+        stop = await actuator.apply(evict_action(uid, NS, name, reason="NotAdmitted", grace_period_s=0))
+        for result in (admit, stop):
+            assert result.outcome == NOT_FOUND and "a Volcano Job" in result.message and "no suspend" in result.message
+        # another uid under that name is not this workload's Job
+        other = await actuator.apply(evict_action(str(uuid.uuid4()), NS, name, reason="NotAdmitted",
+                                                  grace_period_s=0))
+        assert (other.outcome, other.message) == (NOT_FOUND, "job not found")
+    finally:
+        with contextlib.suppress(KubeError):
+            await admin.request("DELETE", crds + "/jobs.batch.volcano.sh")
+
+
+async def _create(kube: Kube, path: str, obj: dict[str, Any]) -> dict[str, Any] | None:
+    """POST, or None while the API server does not yet take the new kind (404 right after its CRD)."""
+    try:
+        return await kube.request("POST", path, body=obj)
+    except KubeError as e:
+        if e.status == 404:
+            return None
+        raise
 
 
 async def test_cleanup_deletes_the_job_once(admin: Kube, watcher_kube: Kube):
