@@ -434,7 +434,8 @@ def _expire_idle_reservations(state: dict, ctx: Context, emit: _Emitter) -> bool
         # that finally pulls) run on quota released to others. No grace: nothing ran to checkpoint.
         emit.add("qm.actions", uid, ActionEvict(
             workload_uid=uid, namespace=entry["namespace"], name=entry["name"], kind="Job",
-            reason=ActionEvict.PODS_READY_TIMEOUT, grace_period_s=0), identity=(uid, entry["reserved_at"], entry.get("attempt", 0), "stop"))
+            reason=ActionEvict.PODS_READY_TIMEOUT, grace_period_s=0),
+            identity=(uid, entry["reserved_at"], entry.get("attempt", 0), "stop"))
         if expiries >= ctx.max_expiries:
             emit.add(
                 "qm.workloads",
