@@ -19,8 +19,8 @@ How it runs (one fresh run per scenario):
   queue-manager, preemption and cost-accounting start as processes (services/demo/stack.py),
   QM_STORE=memory://. The config directory holds the scenario's Kueue objects, a
   PreemptionPolicy that adds nothing to Kueue's rules (no grace, no minimum runtime) and the
-  seed price list. QM_BACKOFF_BASE_S=0: Kueue requeues a preempted workload at once (its
-  backoff is for waitForPodsReady evictions only).
+  seed price list. The queue-manager runs with its defaults: like Kueue it requeues a
+  preempted workload at once (its backoff is for waitForPodsReady evictions only, ADR 0063).
 * This process is the cluster: services/sim/kueue_scenarios.WallClockRunner submits each
   workload (workload.submitted.v1 on qm.cluster) at its creation time, in real time, and
   answers qm.actions as Kueue's runner does: action.admit -> pod.running at once, then
@@ -170,7 +170,7 @@ async def run(scenario: KueueScenario, args: argparse.Namespace) -> dict:
     at_start = machine()  # commit and versions as the services load them
     load_before = load()
     started = time.monotonic()
-    stack = BenchStack(scenario.name, env={"QM_BACKOFF_BASE_S": "0"}, keep_topics=args.keep_topics)
+    stack = BenchStack(scenario.name, keep_topics=args.keep_topics)
     profiles = None
     async with stack:
         write_config(stack, scenario)

@@ -82,12 +82,12 @@ def load_stream(stream: Path, limit: int | None) -> list[tuple[str, bytes, float
 
 
 def context_for(scenario_name: str, scale: float) -> fold.Context:
-    """The queue-manager's context as bench_kueue runs it: the scenario's queues, Kueue's
-    immediate requeue after a preemption (QM_BACKOFF_BASE_S=0), coalesced drains."""
+    """The queue-manager's context as bench_kueue runs it: the scenario's queues, the default
+    requeue (a preempted workload at once, as Kueue's; ADR 0063), coalesced drains."""
     scenario = {**SCENARIOS, **DIAGNOSTIC}[scenario_name]
     scenario = scenario.scaled(scale) if scale < 1 else scenario
     config = KueueConfig.from_objects(load_objects(("bench", d) for d in kueue_objects(scenario)))
-    return fold.Context(objects=config.objects, backoff_base_s=0.0, coalesce_drains=True, node_labels=config.node_labels())
+    return fold.Context(objects=config.objects, coalesce_drains=True, node_labels=config.node_labels())
 
 
 def run(records: list[tuple[str, bytes, float]], context: fold.Context, ways: str, measure_after_s: float = 0.0,

@@ -455,23 +455,26 @@ def _expire_idle_reservations(state: dict, ctx: Context, emit: _Emitter) -> bool
                 identity=(uid, "deactivated"),
             )
             continue
-        _requeue(state, ctx, emit, entry, "PodsReadyTimeout", attempt=expiries, at=expired_at)
+        _requeue(state, ctx, emit, entry, "PodsReadyTimeout", attempt=expiries, at=expired_at, backoff=True)
     if touched:
         emit.usage_changed(touched)
     return bool(touched)
 
 
 def _requeue(state: dict, ctx: Context, emit: _Emitter, entry: dict, reason: str, *, attempt: int,
-             at: float) -> None:
-    """Back to the queue with Kueue's exponential backoff (base, doubled per attempt, capped)."""
+             at: float, backoff: bool) -> None:
+    """Back to the queue: after a pre-freeze expiry with Kueue's exponential backoff (base,
+    doubled per attempt, capped), after a preemption at once. Kueue's requeuingStrategy backs
+    off only evictions for PodsReadyTimeout; a preempted workload goes straight back to its
+    queue, in its place by priority and creation time (ADR 0063)."""
     workload = entry["workload"]
-    backoff = min(ctx.backoff_base_s * 2 ** (attempt - 1), ctx.backoff_max_s)
-    workload["eligible_at"] = at + backoff
+    backoff_s = min(ctx.backoff_base_s * 2 ** (attempt - 1), ctx.backoff_max_s) if backoff else 0.0
+    workload["eligible_at"] = at + backoff_s
     workload["attempts"] = attempt
     _enqueue(state, ctx, workload)
     emit.add("qm.workloads", entry["cohort_key"], WorkloadRequeued(
         uid=entry["uid"], namespace=entry["namespace"], name=entry["name"], cluster_queue=entry["cluster_queue"],
-        reason=reason, requeue_at=iso(workload["eligible_at"]), backoff_s=int(backoff), attempt=attempt),
+        reason=reason, requeue_at=iso(workload["eligible_at"]), backoff_s=int(backoff_s), attempt=attempt),
         identity=(entry["uid"], entry["reserved_at"], entry.get("attempt", 0), "requeued"))
 
 
@@ -528,7 +531,7 @@ def _clean_up_zombies(state: dict, ctx: Context, emit: _Emitter) -> bool:
 
 def _apply_preemption(state: dict, answer: PreemptionVictimsSelected, ctx: Context, emit: _Emitter) -> bool:
     """The preemption service chose victims (or found none allowed). Victims give their quota
-    back and requeue with backoff; the preemptor is admitted first in this same step, so the
+    back and requeue; the preemptor is admitted first in this same step, so the
     freed quota is held for it and no third workload can take it. Returns False if nothing moved.
 
     The preemption service has already told the cluster to evict the victims when its answer
@@ -563,7 +566,7 @@ def _apply_preemption(state: dict, answer: PreemptionVictimsSelected, ctx: Conte
 
 def _evict_victims(state: dict, answer: PreemptionVictimsSelected, ctx: Context, emit: _Emitter,
                    preemptor_name: str) -> bool:
-    """The victims still admitted give their quota back and requeue with backoff."""
+    """The victims still admitted give their quota back and requeue (at once, as in Kueue)."""
     now = state["now"]
     touched = set()
     for victim in answer.victims:
@@ -577,7 +580,8 @@ def _evict_victims(state: dict, answer: PreemptionVictimsSelected, ctx: Context,
             evicted_at=iso(now)), identity=(entry["uid"], entry["reserved_at"], entry.get("attempt", 0), "evicted"))
         emit.released(entry, "Preempted", now)
         state["said"].pop(entry["uid"], None)
-        _requeue(state, ctx, emit, entry, "Preempted", attempt=entry["workload"].get("attempts", 0) + 1, at=now)
+        _requeue(state, ctx, emit, entry, "Preempted", attempt=entry["workload"].get("attempts", 0) + 1, at=now,
+                 backoff=False)
     if touched:
         emit.usage_changed(touched)
     return bool(touched)

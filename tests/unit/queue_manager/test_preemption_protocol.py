@@ -73,7 +73,11 @@ def test_asks_once_with_the_snapshot_then_admits_the_preemptor_in_the_same_step(
     assert kinds[:3] == ["workload.evicted.v1", "workload.released.v1", "workload.requeued.v1"]
     reserved = [o.envelope.payload.name for o in out if o.envelope.event_type == "workload.quota_reserved.v1"]
     assert reserved == ["chat"]  # the freed 8 GPUs went to the preemptor, not to "other" (1 GPU)
-    assert "uid-batch-a" in state["pending"] and state["pending"]["uid-batch-a"]["eligible_at"] > state["now"]
+    # the victim is back in its queue at once, as Kueue requeues a preempted workload (its
+    # backoff is for pre-freeze expiries only, ADR 0063), and waits there for quota
+    assert "uid-batch-a" in state["pending"] and state["pending"]["uid-batch-a"]["eligible_at"] == state["now"]
+    (requeued,) = [o.envelope.payload for o in out if o.envelope.event_type == "workload.requeued.v1"]
+    assert (requeued.reason, requeued.backoff_s, requeued.requeue_at) == ("Preempted", 0, "2026-11-29T10:02:00Z")
 
 
 def test_the_request_lists_the_possible_victims_and_sums_the_rest(tmp_path):
@@ -196,9 +200,7 @@ def test_a_question_left_unanswered_past_the_timeout_does_not_block_the_queue(tm
 
 
 def test_a_victim_reserved_again_at_the_same_moment_gets_events_of_its_own(tmp_path):
-    import dataclasses
-
-    ctx = dataclasses.replace(config(tmp_path), backoff_base_s=0)  # requeued victims may return at once
+    ctx = config(tmp_path)  # a requeued victim may return at once (ADR 0063)
     state, first = run(ctx, [validated("train", 16, 0, "training"), validated("batch-a", 8, 0, "batch"),
                              validated("batch-b", 8, 0, "batch"), validated("chat", 8, 1000, "inference")])
     answer = answer_of("chat", AT, "batch-a", grace_period_s=0)
@@ -230,7 +232,11 @@ def test_victims_of_an_answer_that_came_too_late_still_give_their_quota_back(tmp
     assert kinds[:3] == ["workload.evicted.v1", "workload.released.v1", "workload.requeued.v1"]
     assert [o.envelope.payload.preemptor for o in out if o.envelope.event_type == "workload.evicted.v1"] == [
         "ml-team/chat"]
-    assert "uid-batch-0" not in state["admitted"] and "uid-batch-0" in state["pending"]
+    # requeued at once (ADR 0063), and the 8 GPUs it gave back are free: a new reservation, made
+    # after the release, so the cluster evicts the old run and then admits the new one
+    assert "workload.quota_reserved.v1" in kinds[3:]
+    assert state["admitted"]["uid-batch-0"]["reserved_at"] == state["now"]
+    assert state["admitted"]["uid-batch-0"]["workload"]["attempts"] == 1
 
 
 def test_a_workload_behind_a_preempting_head_keeps_its_last_pending_message(tmp_path):
