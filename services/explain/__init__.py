@@ -416,8 +416,12 @@ def explain(workload_key: str, envelopes: Iterable[Envelope]) -> Explanation:
     billed = _billed(trail)
     timeline = [Step(e.occurred_at, *_describe(e, names), e.event_type, e.producer, e.event_id) for e in trail]
 
+    ran_unadmitted: list[str] = []  # said after any verdict while the stop is the latest news
+
     def result(verdict: Verdict, answer: str, steps: list[str], holders: list[Holder] | None = None,
                cq: str | None = None) -> Explanation:
+        if ran_unadmitted:
+            answer, steps = answer + ran_unadmitted[0], [*steps, ran_unadmitted[1]]
         return Explanation(workload_key, tuple(sorted(uids)), timeline, verdict, answer, steps, holders or [], billed, cq)
 
     lifecycle = [e for e in trail if not e.event_type.startswith(("billing.", "action.outcome"))]
@@ -454,6 +458,13 @@ def explain(workload_key: str, envelopes: Iterable[Envelope]) -> Explanation:
     i_evicted, evicted = _last(trail, "workload.evicted.v1", "action.evict.v1", unless=_stops_a_queue_managers_job)
     i_expired, expired = _last(trail, "workload.prefreeze_expired.v1")
     i_stopped, _ = _last(trail, "action.evict.v1", unless=lambda e: not _stops_an_expired_reservation(e))
+    i_unadmitted, _ = _last(trail, "action.evict.v1", unless=lambda e: e.payload.reason != ActionEvict.NOT_ADMITTED)
+    if i_unadmitted > i_reserved:
+        ran_unadmitted += [
+            " Its Job ran before the queue admitted it and was stopped (NotAdmitted): it runs once admitted.",
+            "do not unsuspend a queued Job by hand; where Jobs start unsuspended, install the mutating webhook "
+            "(deploy/kubernetes/admission-webhook.yaml) so they wait suspended",
+        ]
     i_running, _ = _last(trail, "workload.running.v1", "pod.running.v1")
     i_pod_end, _ = _last(trail, "pod.finished.v1")
     i_admit, admit = _last(trail, "action.admit.v1")

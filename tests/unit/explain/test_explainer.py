@@ -148,7 +148,7 @@ CASES = [
               "nvidia.com/gpu in flavor a100-flavor, 8 more needed"),
       env(ActionEvict(workload_uid=UID, namespace=NS, name=NAME, kind="Job", reason=ActionEvict.NOT_ADMITTED,
                       grace_period_s=0), 5, "queue-manager")],
-     Verdict.WAITING_FOR_QUOTA, "ml-team/big-train 16 GPU"),
+     Verdict.WAITING_FOR_QUOTA, "was stopped (NotAdmitted): it runs once admitted"),
     ("preempted",
      [submitted(), validated(), reserved(), running(),
       submitted(uid="u-inf", name="chat-inference", gpus=8),
