@@ -118,30 +118,23 @@ def empty_state() -> dict[str, Any]:
     return {"pending": {}, "admitted": {}, "said": {}, "expiries": {}, "now": 0.0}
 
 
-#: How many workloads a cohort remembers as finished before it knew them (newest kept).
-FINISHED_UNJUDGED_KEPT = 4096
+#: How many workloads a cohort remembers as finished (and as running) before it knew them (newest kept).
+UNJUDGED_KEPT = 4096
 
 
-def _remember_running_unjudged(state: dict, uid: str) -> None:
-    """A workload the cohort does not know yet runs: its Job runs before its verdict reached the
-    cohort (created where no webhook suspends it). Kept, bounded like the finishes below, so the
-    verdict that comes can stop it (ADR 0062)."""
-    unjudged = state.setdefault("running_unjudged", {})
+def _remember_unjudged(state: dict, kind: str, uid: str) -> None:
+    """A fact about a workload the cohort does not know yet, kept under `kind` until its verdict
+    comes. Admission forwards facts on its fact lane and judges submissions on another, with no
+    order between them (ADR 0026):
+    * "finished_unjudged": a Job deleted a moment after its creation can have its finish reach
+      the cohort's stream before its verdict, and the verdict must not queue it then;
+    * "running_unjudged": a Job created where no webhook suspends it runs before its verdict,
+      and the verdict stops it (ADR 0062).
+    Bounded, oldest dropped: a verdict comes seconds after its workload's facts at most, not
+    thousands of facts later."""
+    unjudged = state.setdefault(kind, {})
     unjudged[uid] = None
-    if len(unjudged) > FINISHED_UNJUDGED_KEPT:
-        del unjudged[next(iter(unjudged))]
-
-
-def _remember_finished_unjudged(state: dict, uid: str) -> None:
-    """A finish (a deletion, mostly) of a workload the cohort does not know yet. Admission
-    forwards facts on its fact lane and judges submissions on another, with no order between
-    them (ADR 0026): a Job deleted a moment after its creation can have its finish reach the
-    cohort's stream before its verdict, and the verdict must not queue it then. Bounded, oldest
-    dropped: a verdict comes seconds after its workload's finish at most, not thousands of
-    finishes later."""
-    unjudged = state.setdefault("finished_unjudged", {})
-    unjudged[uid] = None
-    if len(unjudged) > FINISHED_UNJUDGED_KEPT:
+    if len(unjudged) > UNJUDGED_KEPT:
         del unjudged[next(iter(unjudged))]
 
 
@@ -232,7 +225,7 @@ def _step(state: dict, payload: Any, ctx: Context, configured: Objects, previous
             if payload.uid in state["pending"]:
                 _stop_if_never_admitted(state, payload.uid, emit)
             elif payload.uid not in state.get("finished_unjudged", ()):
-                _remember_running_unjudged(state, payload.uid)
+                _remember_unjudged(state, "running_unjudged", payload.uid)
             return
         if entry["running_at"] is not None:
             return
@@ -241,7 +234,7 @@ def _step(state: dict, payload: Any, ctx: Context, configured: Objects, previous
         return
     elif isinstance(payload, WorkloadFinished):
         if payload.uid not in state["admitted"] and payload.uid not in state["pending"]:
-            _remember_finished_unjudged(state, payload.uid)
+            _remember_unjudged(state, "finished_unjudged", payload.uid)
         entry = _unadmit(state, ctx, payload.uid)
         _dequeue(state, ctx, payload.uid)
         state["said"].pop(payload.uid, None)
