@@ -95,11 +95,6 @@ class PreemptionPlan:
 # --------------------------------------------------------------------------- queue resolution
 
 
-def queue_order_key(wl: Workload) -> tuple[int, float, str]:
-    """Order within a ClusterQueue: higher priority first, then FIFO, then key."""
-    return wl.queue_order
-
-
 def resolve_cluster_queue(
     snapshot: Snapshot, wl: Workload
 ) -> tuple[ClusterQueueState | None, Decision | None]:
