@@ -370,17 +370,18 @@ def _last(trail: Sequence[Envelope], *types: str,
     return -1, None
 
 
-def _stops_an_expired_reservation(e: Envelope) -> bool:
-    """The queue-manager's Evict of a Job whose pods were not ready in time: part of the
-    pre-freeze story, not a preemption."""
-    return e.event_type == "action.evict.v1" and e.payload.reason == ActionEvict.PODS_READY_TIMEOUT
+#: The reasons of the Evicts the queue-manager sends itself (ADR 0062): an expired reservation's
+#: Job, and a Job found running before it was admitted. Neither is a preemption.
+_QUEUE_MANAGER_STOPS = frozenset({ActionEvict.PODS_READY_TIMEOUT, ActionEvict.NOT_ADMITTED})
 
 
-def _stops_a_queue_managers_job(e: Envelope) -> bool:
-    """An Evict the queue-manager sent itself (an expired reservation's, or one of a Job found
-    running before it was admitted): no preemption."""
-    return e.event_type == "action.evict.v1" and e.payload.reason in (ActionEvict.PODS_READY_TIMEOUT,
-                                                                       ActionEvict.NOT_ADMITTED)
+def _is_queue_managers_stop(e: Envelope) -> bool:
+    return e.event_type == "action.evict.v1" and e.payload.reason in _QUEUE_MANAGER_STOPS
+
+
+def _last_stop(trail: Sequence[Envelope], reason: str) -> int:
+    """Where the queue-manager last stopped the Job for `reason` (-1: never)."""
+    return _last(trail, "action.evict.v1", unless=lambda e: e.payload.reason != reason)[0]
 
 
 def _holders_text(holders: Sequence[Holder], limit: int = 5) -> str:
@@ -416,12 +417,13 @@ def explain(workload_key: str, envelopes: Iterable[Envelope]) -> Explanation:
     billed = _billed(trail)
     timeline = [Step(e.occurred_at, *_describe(e, names), e.event_type, e.producer, e.event_id) for e in trail]
 
-    ran_unadmitted: list[str] = []  # said after any verdict while the stop is the latest news
+    # (sentence, next step) said after any verdict while a NotAdmitted stop is the latest news
+    stopped_unadmitted: tuple[str, str] | None = None
 
     def result(verdict: Verdict, answer: str, steps: list[str], holders: list[Holder] | None = None,
                cq: str | None = None) -> Explanation:
-        if ran_unadmitted:
-            answer, steps = answer + ran_unadmitted[0], [*steps, ran_unadmitted[1]]
+        if stopped_unadmitted is not None:
+            answer, steps = answer + stopped_unadmitted[0], [*steps, stopped_unadmitted[1]]
         return Explanation(workload_key, tuple(sorted(uids)), timeline, verdict, answer, steps, holders or [], billed, cq)
 
     lifecycle = [e for e in trail if not e.event_type.startswith(("billing.", "action.outcome"))]
@@ -455,16 +457,15 @@ def explain(workload_key: str, envelopes: Iterable[Envelope]) -> Explanation:
     i_deact, deactivated = _last(trail, "workload.deactivated.v1")
     i_rejected, rejected = _last(trail, "workload.rejected.v1")
     i_validated, _ = _last(trail, "workload.validated.v1")
-    i_evicted, evicted = _last(trail, "workload.evicted.v1", "action.evict.v1", unless=_stops_a_queue_managers_job)
+    i_evicted, evicted = _last(trail, "workload.evicted.v1", "action.evict.v1", unless=_is_queue_managers_stop)
     i_expired, expired = _last(trail, "workload.prefreeze_expired.v1")
-    i_stopped, _ = _last(trail, "action.evict.v1", unless=lambda e: not _stops_an_expired_reservation(e))
-    i_unadmitted, _ = _last(trail, "action.evict.v1", unless=lambda e: e.payload.reason != ActionEvict.NOT_ADMITTED)
-    if i_unadmitted > i_reserved:
-        ran_unadmitted += [
+    i_stopped = _last_stop(trail, ActionEvict.PODS_READY_TIMEOUT)
+    if _last_stop(trail, ActionEvict.NOT_ADMITTED) > i_reserved:
+        stopped_unadmitted = (
             " Its Job ran before the queue admitted it and was stopped (NotAdmitted): it runs once admitted.",
             "do not unsuspend a queued Job by hand; where Jobs start unsuspended, install the mutating webhook "
             "(deploy/kubernetes/admission-webhook.yaml) so they wait suspended",
-        ]
+        )
     i_running, _ = _last(trail, "workload.running.v1", "pod.running.v1")
     i_pod_end, _ = _last(trail, "pod.finished.v1")
     i_admit, admit = _last(trail, "action.admit.v1")
