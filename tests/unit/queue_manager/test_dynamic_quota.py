@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fold_steps import fold_all
+
 from services.adapters.kueue_config import KueueConfig
 from services.contracts.codec import encode, make_envelope
 from services.contracts.events import ClusterSignals, WorkloadValidated
 from services.core.quota.dynamic import cluster_signals
 from services.policy.loader import read_documents
 from services.policy.quota_rules import load_quota_rules
-from services.queue_manager.state import Context, apply
+from services.queue_manager.state import Context
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "dynamic-quota"
 CONFIG = KueueConfig.load(EXAMPLE)
@@ -35,12 +37,9 @@ def signals(in_use_gpus: int, at: str):
 
 
 def run(events, state=None, ctx=CTX):
-    outputs = []
-    for event in events:
-        state, out = apply(state, event, ctx)
-        for output in out:
-            encode(output.envelope)  # what the service would send: every output meets its schema
-        outputs += out
+    state, outputs = fold_all(events, ctx, state)
+    for output in outputs:
+        encode(output.envelope)  # what the service would send: every output meets its schema
     return state, outputs
 
 

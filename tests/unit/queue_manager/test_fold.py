@@ -5,10 +5,12 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from fold_steps import fold_all
+
 from services.adapters.kueue_config import KueueConfig
 from services.contracts.codec import make_envelope
 from services.contracts.events import ClockTick, WorkloadFinished, WorkloadRunning, WorkloadValidated
-from services.queue_manager.state import Context, KeyedContexts, apply
+from services.queue_manager.state import Context, KeyedContexts
 
 SEED = Path(__file__).resolve().parents[3] / "examples" / "seed"
 CONFIG = KueueConfig.load(SEED)
@@ -29,11 +31,7 @@ def tick(at: str):
 
 
 def run(events, state=None):
-    outputs = []
-    for e in events:
-        state, out = apply(state, e, CTX)
-        outputs += out
-    return state, outputs
+    return fold_all(events, CTX, state)
 
 
 def types(outputs):

@@ -3,11 +3,13 @@ drain that made it and in every one after it (the fold's own entries carry them)
 
 from __future__ import annotations
 
+from fold_steps import fold_all
+
 from services.adapters.kueue_config import KueueConfig
 from services.contracts.codec import encode, make_envelope
 from services.contracts.events import WorkloadFinished, WorkloadValidated
 from services.core.quota import load_objects
-from services.queue_manager.state import Context, apply
+from services.queue_manager.state import Context
 
 V1 = "kueue.x-k8s.io/v1beta1"
 
@@ -33,14 +35,6 @@ def _validated(i: int, count: int = 1):
         pod_sets=[{"name": "main", "count": count, "requests": {"cpu": 500}}]), producer="test", occurred_at=at)
 
 
-def _fold(events, ctx, state=None):
-    outputs = []
-    for envelope in events:
-        state, out = apply(state, envelope, ctx)
-        outputs += out
-    return state, outputs
-
-
 ONE_GROUP = [{"coveredResources": ["cpu", "pods"], "flavors": [{"name": "default", "resources": [
     {"name": "cpu", "nominalQuota": 10}, {"name": "pods", "nominalQuota": 3}]}]}]
 OWN_GROUP = [
@@ -51,7 +45,7 @@ OWN_GROUP = [
 
 def test_arrivals_one_by_one_stop_at_the_pods_quota():
     ctx = _context(ONE_GROUP)
-    state, outputs = _fold([_validated(i) for i in range(5)], ctx)
+    state, outputs = fold_all([_validated(i) for i in range(5)], ctx)
     assert sorted(state["admitted"]) == ["u0", "u1", "u2"]
     assert sorted(state["pending"]) == ["u3", "u4"]
     reserved = [o.envelope.payload for o in outputs if o.envelope.event_type == "workload.quota_reserved.v1"]
@@ -62,11 +56,11 @@ def test_arrivals_one_by_one_stop_at_the_pods_quota():
 
 def test_a_pod_set_of_two_holds_two_pods_in_the_pods_flavor_and_frees_them_when_it_ends():
     ctx = _context(OWN_GROUP)
-    state, outputs = _fold([_validated(0, count=2), _validated(1, count=2)], ctx)
+    state, outputs = fold_all([_validated(0, count=2), _validated(1, count=2)], ctx)
     assert sorted(state["admitted"]) == ["u0"] and sorted(state["pending"]) == ["u1"]  # 2 + 2 pods > 3
     assert state["admitted"]["u0"]["usage"] == {"default": {"cpu": 1000}, "pod-slots": {"pods": 2000}}
     done = make_envelope(WorkloadFinished(uid="u0", namespace="ns", name="w0", succeeded=True,
                                           finished_at="2026-11-29T10:01:00Z"),
                          producer="test", occurred_at="2026-11-29T10:01:00Z")
-    state, _ = _fold([done], ctx, state)
+    state, _ = fold_all([done], ctx, state)
     assert sorted(state["admitted"]) == ["u1"] and not state["pending"]

@@ -4,11 +4,12 @@ quota for the preemptor when the preemption service answers."""
 from __future__ import annotations
 
 import yaml
+from fold_steps import fold_all
 
 from services.adapters.kueue_config import KueueConfig
 from services.contracts.codec import make_envelope
 from services.contracts.events import DrainDue, PreemptionVictimsSelected, WorkloadFinished, WorkloadValidated
-from services.queue_manager.state import Context, apply
+from services.queue_manager.state import Context
 
 AT = "2026-11-29T10:00:00Z"
 
@@ -47,11 +48,7 @@ def answer_of(preemptor, at, *victims, policy="p", grace_period_s=30, blocked_me
 
 
 def run(ctx, events, state=None):
-    outputs = []
-    for e in events:
-        state, out = apply(state, e, ctx)
-        outputs += out
-    return state, outputs
+    return fold_all(events, ctx, state)
 
 
 def test_asks_once_with_the_snapshot_then_admits_the_preemptor_in_the_same_step(tmp_path):
