@@ -30,6 +30,7 @@ from services.contracts.events import (
     NodeCapacity,
     PodFinished,
     PodRunning,
+    WorkloadFinished,
     WorkloadSubmitted,
 )
 
@@ -41,6 +42,7 @@ COST_CENTER_LABEL = "quartermaster.dev/cost-center"
 GPU_RESOURCE = "nvidia.com/gpu"
 
 WORKLOAD_SUBMITTED = "workload.submitted.v1"
+WORKLOAD_FINISHED = "workload.finished.v1"
 POD_RUNNING = "pod.running.v1"
 POD_FINISHED = "pod.finished.v1"
 NODE_CAPACITY = "node.capacity.v1"
@@ -277,6 +279,54 @@ def _int_or_none(v: Any) -> int | None:
         return None
 
 
+def queue_label(obj: Mapping[str, Any]) -> str | None:
+    """The object's kueue.x-k8s.io/queue-name label, if any."""
+    return (_meta(obj).get("labels") or {}).get(QUEUE_NAME_LABEL) or None
+
+
+def pod_workload(pod: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(workload uid, workload name) of a Job's (or Volcano Job's) pod; (None, None) otherwise."""
+    return _pod_workload(_meta(pod))
+
+
+# A Volcano Job's terminal phases (status.state.phase), and whether each is a success.
+_VOLCANO_ENDS = {"Completed": True, "Failed": False, "Terminated": False, "Aborted": False}
+
+
+def workload_finished(job: Mapping[str, Any], *, deleted: bool = False, volcano: bool = False,
+                      observed_at: str = "") -> Observation | None:
+    """workload.finished.v1 once a queue-labelled Job has finished: a batch/v1 Job with its
+    Complete or Failed condition true (a Volcano Job in a terminal phase), or one deleted before
+    that (Kueue deletes a deleted Job's Workload, and its quota goes back). None while it runs
+    or waits, and for Jobs without the queue-name label (no workload of ours).
+
+    Without this fact the queue-manager never released a real Job's quota (the simulated
+    clusters emit it themselves; ADR 0064). Its id is the Job's uid and "once": the deletion of a
+    Job that had finished says the same fact again, and readers drop the copy."""
+    meta = _meta(job)
+    queue = queue_label(job)
+    if not queue:
+        return None
+    status = job.get("status") or {}
+    if volcano:
+        phase = (status.get("state") or {}).get("phase")
+        succeeded = _VOLCANO_ENDS.get(phase or "")
+        ended = ((status.get("state") or {}).get("lastTransitionTime") if succeeded is not None else None)
+    else:
+        ends = {c.get("type"): c for c in status.get("conditions") or []
+                if c.get("type") in ("Complete", "Failed") and c.get("status") == "True"}
+        end = ends.get("Complete") or ends.get("Failed")
+        succeeded = None if end is None else end.get("type") == "Complete"
+        ended = None if end is None else status.get("completionTime") or end.get("lastTransitionTime")
+    if succeeded is None and not deleted:
+        return None
+    at = ended or (meta.get("deletionTimestamp") if deleted else None) or observed_at or UNKNOWN_TIME
+    record = WorkloadFinished(uid=meta["uid"], namespace=meta.get("namespace", ""), name=meta.get("name", ""),
+                              succeeded=bool(succeeded), finished_at=at, queue_name=queue)
+    return Observation(topic=TOPIC_CLUSTER, key=meta["uid"], event=_event(record, (meta["uid"], ONCE), at),
+                       fact=(WORKLOAD_FINISHED,))
+
+
 def _pod_workload(meta: Mapping[str, Any]) -> tuple[str | None, str | None]:
     """(workload uid, workload name) of a Job's (or Volcano Job's) pod."""
     refs = meta.get("ownerReferences") or []
@@ -302,10 +352,15 @@ def _finished_at(status: Mapping[str, Any]) -> str | None:
     return max(ends) if ends else None
 
 
-def pod_observations(pod: Mapping[str, Any], deleted: bool = False, *, observed_at: str = "") -> list[Observation]:
+def pod_observations(pod: Mapping[str, Any], deleted: bool = False, *, observed_at: str = "",
+                     owner_queue: str | None = None) -> list[Observation]:
     """pod.running.v1 once a workload's pod runs on a node; pod.finished.v1 once it succeeded,
     failed, or was deleted after running (an evicted pod). A pod that ran and finished between
-    two looks yields both. Pods that belong to no workload yield nothing."""
+    two looks yields both. Pods that belong to no workload yield nothing.
+
+    `owner_queue` is the queue-name label of the pod's Job, for a pod that does not carry the
+    label itself: a Job's labels are not copied to its pods, and admission routes pod facts to
+    their cohort by it (ADR 0064)."""
     meta = _meta(pod)
     workload_uid, workload_name = _pod_workload(meta)
     if not workload_uid:
@@ -315,7 +370,7 @@ def pod_observations(pod: Mapping[str, Any], deleted: bool = False, *, observed_
     phase = status.get("phase")
     uid = meta["uid"]
     node = spec.get("nodeName")
-    queue = (meta.get("labels") or {}).get(QUEUE_NAME_LABEL)
+    queue = (meta.get("labels") or {}).get(QUEUE_NAME_LABEL) or owner_queue
     common = {"uid": uid, "workload_uid": workload_uid, "namespace": meta.get("namespace", ""),
               "name": meta.get("name", ""), "node": node, "queue_name": queue, "workload_name": workload_name}
     out: list[Observation] = []
@@ -417,22 +472,17 @@ def action_outcome(action: Mapping[str, Any], outcome: str, message: str, *, occ
 
 
 def observe(kind: str, obj: Mapping[str, Any], flavors: Mapping[str, Flavor], *, deleted: bool = False,
-            observed_at: str = "") -> list[Observation]:
+            observed_at: str = "", owner_queue: str | None = None) -> list[Observation]:
     """Dispatch by resource kind: "pods", "jobs" (batch/v1), "vcjobs" (Volcano), "nodes",
     "namespaces". Kueue Workloads are watched but not turned into events: in a Kueue cluster
     they mirror the Jobs already reported, and reporting both would submit each workload twice."""
     if kind == "pods":
-        return pod_observations(obj, deleted=deleted, observed_at=observed_at)
-    if kind == "jobs":
-        if deleted:
-            return []
-        o = workload_submitted(obj)
-        return [o] if o else []
-    if kind == "vcjobs":
-        if deleted:
-            return []
-        o = volcano_job_submitted(obj)
-        return [o] if o else []
+        return pod_observations(obj, deleted=deleted, observed_at=observed_at, owner_queue=owner_queue)
+    if kind in ("jobs", "vcjobs"):
+        volcano = kind == "vcjobs"
+        submitted = None if deleted else (volcano_job_submitted(obj) if volcano else workload_submitted(obj))
+        finished = workload_finished(obj, deleted=deleted, volcano=volcano, observed_at=observed_at)
+        return [o for o in (submitted, finished) if o is not None]
     if kind == "nodes":
         return [node_capacity(obj, flavors, deleted=deleted, observed_at=observed_at)]
     if kind == "namespaces":

@@ -61,12 +61,15 @@ CORE_RESOURCES: tuple[Resource, ...] = (
     Resource("jobs", "batch"),
     Resource("pods"),
 )
-NAMESPACES = CORE_RESOURCES[0]
+NAMESPACES, _, JOBS, _ = CORE_RESOURCES
 OPTIONAL_RESOURCES: tuple[Resource, ...] = (
     Resource("resourceflavors", "kueue.x-k8s.io", "v1beta1", optional=True),
     Resource("workloads", "kueue.x-k8s.io", "v1beta1", optional=True),
     Resource("jobs", "batch.volcano.sh", "v1alpha1", optional=True),
 )
+VOLCANO_JOBS = OPTIONAL_RESOURCES[2]
+# Queue labels of deleted Jobs kept for their pods' deletions, which come after (newest kept).
+GONE_JOBS_KEPT = 4096
 
 # What the state keeps of an object, to report its deletion after a re-list found it gone.
 _SLIM_KEYS = {"pods", "nodes", "namespaces"}
@@ -204,6 +207,7 @@ class Watcher:
         self._tasks: list[asyncio.Task[None]] = []
         self._dirty = asyncio.Event()
         self._reported_namespaces: set[str] | None = None  # built from the state at first use
+        self._gone_job_queues: dict[str, str] = {}  # uid of a deleted Job -> its queue (_queue_of_owner)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -389,10 +393,14 @@ class Watcher:
     async def _observe(self, res: Resource, obj: dict[str, Any], deleted: bool) -> None:
         """Emit what changed of one object (the lock is held)."""
         uid = obj["metadata"]["uid"]
-        observations = normalize.observe(res.plural if not res.group.endswith("volcano.sh") else "vcjobs",
-                                         obj, self.flavors, deleted=deleted, observed_at=self.clock())
+        kind = res.plural if not res.group.endswith("volcano.sh") else "vcjobs"
+        owner_queue = await self._queue_of_owner(obj) if kind == "pods" else None
+        observations = normalize.observe(kind, obj, self.flavors, deleted=deleted, observed_at=self.clock(),
+                                         owner_queue=owner_queue)
         objects = self.state.objects.setdefault(res.key, {})
         entry = objects.setdefault(uid, {"facts": {}})
+        if kind in ("jobs", "vcjobs"):
+            entry["queue"] = normalize.queue_label(obj)  # for its pods' facts (_queue_of_owner)
         for o in observations:
             d = _digest(o.fact)
             if entry["facts"].get(o.event_type) == d:
@@ -402,7 +410,11 @@ class Watcher:
             self.stats.emitted += 1
             entry["facts"][o.event_type] = d
         if deleted:
-            objects.pop(uid, None)
+            gone = objects.pop(uid, None)
+            if gone is not None and gone.get("queue"):  # its pods' deletions still need it
+                self._gone_job_queues[uid] = gone["queue"]
+                if len(self._gone_job_queues) > GONE_JOBS_KEPT:
+                    del self._gone_job_queues[next(iter(self._gone_job_queues))]
         else:
             slim = _slim(res.plural if not res.group.endswith("volcano.sh") else "", obj)
             if slim is not None:
@@ -413,6 +425,35 @@ class Watcher:
             else:
                 self._namespaces().add(obj["metadata"].get("name", ""))
         self._dirty.set()
+
+    async def _queue_of_owner(self, pod: dict[str, Any]) -> str | None:
+        """The queue-name label of the Job that owns `pod`, when the pod does not carry it: a
+        Job's labels are not copied to its pods, and admission routes pod facts to their cohort
+        by it; without it the queue-manager never saw a real Job's pods run (ADR 0064). A Job
+        the watcher has not seen yet (each resource has its own watch) is listed and reported
+        first, as a Namespace is. None for a pod of no Job, or of a Job that is gone."""
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if labels.get(normalize.QUEUE_NAME_LABEL):
+            return None  # the pod's own label routes it
+        workload_uid, workload_name = normalize.pod_workload(pod)
+        if not workload_uid:
+            return None
+        for res in (JOBS, VOLCANO_JOBS):
+            entry = self.state.objects.get(res.key, {}).get(workload_uid)
+            if entry is not None and "queue" in entry:
+                return entry["queue"]
+        namespace = (pod.get("metadata") or {}).get("namespace")
+        if not workload_name or not namespace:
+            return None
+        if workload_uid in self._gone_job_queues:
+            return self._gone_job_queues[workload_uid]  # pods deleted after their Job
+        listed = await self.kube.get(JOBS.path,
+                                     fieldSelector=f"metadata.namespace={namespace},metadata.name={workload_name}")
+        for job in listed.get("items") or []:
+            if (job.get("metadata") or {}).get("uid") == workload_uid:
+                await self._observe(JOBS, job, deleted=False)
+                return normalize.queue_label(job)
+        return None
 
     def _namespaces(self) -> set[str]:
         """Names of the namespaces reported (the state keeps them by uid)."""

@@ -131,6 +131,69 @@ def test_pod_ids_do_not_depend_on_resource_version():
     assert [o.event_id for o in a] == [o.event_id for o in b]
 
 
+def test_a_pod_without_the_label_carries_its_jobs_queue():
+    """A Job's labels are not copied to its pods: the watcher passes the Job's queue, and
+    admission routes the pod's facts to the cohort by it (ADR 0064)."""
+    for o in n.pod_observations(pod("Succeeded"), owner_queue="team-ml"):
+        assert valid(o)["queue_name"] == "team-ml"
+    assert all(valid(o).get("queue_name") is None for o in n.pod_observations(pod("Succeeded")))
+    labelled = pod("Running")
+    labelled["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "own"}
+    (o,) = n.pod_observations(labelled, owner_queue="team-ml")
+    assert valid(o)["queue_name"] == "own"  # the pod's own label wins
+    assert n.pod_workload(labelled) == ("job-uid-1", "train")
+
+
+def ended(job_, kind, at="2026-01-01T00:10:00Z"):
+    job_["status"] = {"conditions": [{"type": "SuccessCriteriaMet", "status": "True"},
+                                     {"type": kind, "status": "True", "lastTransitionTime": at}]}
+    if kind == "Complete":
+        job_["status"]["completionTime"] = at
+    return job_
+
+
+@pytest.mark.parametrize("kind,succeeded", [("Complete", True), ("Failed", False)])
+def test_a_finished_job_is_a_finished_workload(kind, succeeded):
+    submitted, finished = n.observe("jobs", ended(job(suspend=False), kind), {})
+    assert submitted.event_type == "workload.submitted.v1"
+    p = valid(finished)
+    assert finished.event_type == "workload.finished.v1" and finished.key == "job-uid-1"
+    assert (p["uid"], p["namespace"], p["name"], p["queue_name"]) == ("job-uid-1", "ml-team", "train", "team-ml")
+    assert p["succeeded"] is succeeded and p["finished_at"] == "2026-01-01T00:10:00Z"
+    # deleted afterwards (ttlSecondsAfterFinished): the same fact, the same id
+    (again,) = n.observe("jobs", ended(job(suspend=False), kind), {}, deleted=True)
+    assert again.event_id == finished.event_id and valid(again) == p
+
+
+def test_a_job_deleted_before_it_finished_is_a_failed_workload():
+    running = job(suspend=False)
+    running["status"] = {"active": 4, "conditions": [{"type": "Suspended", "status": "False"}]}
+    assert [o.event_type for o in n.observe("jobs", running, {})] == ["workload.submitted.v1"]
+    running["metadata"]["deletionTimestamp"] = "2026-01-01T00:05:00Z"
+    (o,) = n.observe("jobs", running, {}, deleted=True, observed_at="2026-01-01T00:05:01Z")
+    p = valid(o)
+    assert o.event_type == "workload.finished.v1"
+    assert p["succeeded"] is False and p["finished_at"] == "2026-01-01T00:05:00Z"
+    unlabelled = ended(job(), "Complete")
+    del unlabelled["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
+    assert n.observe("jobs", unlabelled, {}) == [] and n.observe("jobs", unlabelled, {}, deleted=True) == []
+
+
+@pytest.mark.parametrize("phase,succeeded", [("Completed", True), ("Failed", False), ("Aborted", False),
+                                             ("Running", None), ("Pending", None)])
+def test_a_volcano_job_in_a_terminal_phase_is_a_finished_workload(phase, succeeded):
+    vc = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+          "metadata": {"name": "vc", "namespace": "ml-team", "uid": "vc-uid", "resourceVersion": "1",
+                       "creationTimestamp": "2026-01-01T00:00:00Z", "labels": {"kueue.x-k8s.io/queue-name": "team-ml"}},
+          "spec": {"tasks": [{"name": "w", "replicas": 2, "template": {"spec": {"containers": [{"name": "w"}]}}}]},
+          "status": {"state": {"phase": phase, "lastTransitionTime": "2026-01-01T00:09:00Z"}}}
+    found = n.workload_finished(vc, volcano=True)
+    if succeeded is None:
+        assert found is None
+    else:
+        assert valid(found)["succeeded"] is succeeded and valid(found)["finished_at"] == "2026-01-01T00:09:00Z"
+
+
 def node(labels, gpus="8", rv="5", unschedulable=False):
     return {"metadata": {"name": "gpu-a100-0", "uid": "node-1", "resourceVersion": rv, "labels": labels},
             "spec": {"unschedulable": unschedulable},

@@ -14,6 +14,8 @@ import pytest
 from k8s_harness import ClusterInfo, apply, gpu_job, wait_until
 
 from services.adapters.bus import Publisher, read_envelopes
+from services.adapters.kueue_config import KueueConfig
+from services.admission.cohort_stream import cohort_stream_outputs
 from services.contracts.codec import make_envelope
 from services.contracts.events import ActionAdmit
 
@@ -75,6 +77,23 @@ async def test_watcher_process_publishes_and_actuates_through_kafka(cluster: Clu
         job = await admin.get(f"/apis/batch/v1/namespaces/ml-team/jobs/{name}")
         assert job["spec"]["suspend"] is False
         assert job["spec"]["template"]["spec"]["nodeSelector"] == {"gpu.nvidia.com/class": "a100"}
+
+        # The pods do not carry the Job's queue-name label; their facts carry the Job's queue, so
+        # admission routes them to the queue-manager's cohort (ADR 0064). When the Job completes,
+        # its finish is a fact too: the queue-manager releases its quota on it.
+        assert "kueue.x-k8s.io/queue-name" not in ((job["spec"]["template"].get("metadata") or {}).get("labels") or {})
+        assert running[0].payload.queue_name == "team-ml"
+        config = KueueConfig.load(REPO / "examples" / "seed")
+
+        async def finished():
+            trail = await events(kafka_bootstrap, topic_prefix + "qm.cluster")
+            return [e for e in trail if e.event_type == "workload.finished.v1" and e.payload.uid == submission.payload.uid]
+
+        (finish,) = await wait_until(finished, 90, what="the Job's workload.finished on qm.cluster")
+        assert finish.payload.succeeded is True and finish.payload.queue_name == "team-ml"
+        for fact in (running[0], finish):
+            routed = cohort_stream_outputs(fact, config)
+            assert routed and {o.topic for o in routed} == {"qm.workloads"}, fact
     finally:
         watcher.terminate()
         watcher.wait(30)
