@@ -1,0 +1,127 @@
+"""Every service between a real API server and the real broker: the watcher process, admission,
+the queue-manager, preemption and cost-accounting (the processes `make demo` starts), with the
+field report's queue configuration (examples/seed).
+
+The other tests of tests/k8s put a fake quota behind the watcher, and the simulated clusters
+of the other suites write the facts a watcher would. This one checks that what the watcher
+reports of a real Job is what the services need. It did not hold before ADR 0064: a Job's pods
+do not carry its queue label, so their facts reached no cohort, and no Job ever finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from k8s_harness import ClusterInfo, apply, gpu_job, wait_until
+
+from services.adapters.bus import Publisher, read_envelopes
+from services.contracts.codec import make_envelope
+from services.contracts.events import ClockTick
+from services.demo.stack import Stack
+
+pytestmark = [pytest.mark.k8s, pytest.mark.kafka]
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def trail_of(bootstrap: str, prefix: str, topic: str, uid: str) -> list:
+    """The envelopes of `topic` about workload `uid`."""
+    found = []
+    async for _, e in read_envelopes(bootstrap, prefix + topic):
+        if isinstance(e, Exception):
+            continue
+        p = e.payload
+        if uid in (getattr(p, "uid", None), getattr(p, "workload_uid", None), getattr(p, "ResourceId", None)):
+            found.append(e)
+    return found
+
+
+async def story(bootstrap: str, prefix: str, uid: str, logs: Path) -> str:
+    """What each topic and process said about the workload, for a failure's message."""
+    lines = []
+    for topic in ("qm.cluster", "qm.workloads", "qm.actions", "qm.billing", "qm.billing.dlq", "qm.workloads.dlq"):
+        for e in await trail_of(bootstrap, prefix, topic, uid):
+            lines.append(f"{topic} {e.event_type} {e.payload}"[:400])
+    for log in sorted(logs.glob("*.log")):
+        lines.append(f"--- {log.name}: " + log.read_text(errors="replace")[-1500:])
+    return "\n".join(lines)
+
+
+async def test_a_real_job_is_admitted_runs_finishes_releases_its_quota_and_is_billed(
+        cluster: ClusterInfo, admin, kafka_bootstrap, topic_prefix, tmp_path):
+    suffix = f"-{uuid.uuid4().hex[:8]}"
+    common = {"QM_KAFKA_BOOTSTRAP": kafka_bootstrap, "QM_TOPIC_PREFIX": topic_prefix, "QM_APP_ID_SUFFIX": suffix,
+              "QM_CONFIG_DIR": str(REPO / "examples" / "seed")}
+    stack = Stack(tmp_path, {**common, "QM_POLICY_DIR": str(REPO / "policies" / "library"), "QM_STORE": "memory://",
+                             "QM_DATA_DIR": str(tmp_path / "data")})
+    token = tmp_path / "token"
+    token.write_text(cluster.watcher_token)
+    watcher_log = open(tmp_path / "watcher.log", "wb")  # noqa: SIM115 - closed with the process
+    stack.start()
+    watcher = None
+    try:
+        await asyncio.get_running_loop().run_in_executor(None, stack.wait_ready)
+        watcher = subprocess.Popen(
+            [sys.executable, "-m", "services.watcher"], cwd=REPO, stdout=watcher_log, stderr=subprocess.STDOUT,
+            env={**os.environ, **common, "PYTHONPATH": str(REPO), "QM_K8S_SERVER": cluster.server,
+                 "QM_K8S_TOKEN_FILE": str(token), "QM_K8S_CA": cluster.ca_file, "QM_CLOCK_INTERVAL_S": "1"})
+        name = f"stack-{uuid.uuid4().hex[:6]}"
+        spec = gpu_job(name, "ml-team", pods=2, gpus_per_pod=4, run_s=3)
+        spec["metadata"]["labels"]["quartermaster.dev/cost-center"] = "cc-ml"  # the policy library asks for it
+        # GPUs only, as the field report's Job: its gpu-queue covers nvidia.com/gpu alone, and (as in
+        # Kueue) a request for anything else would find no flavor
+        for container in spec["spec"]["template"]["spec"]["containers"]:
+            container["resources"] = {"limits": {"nvidia.com/gpu": "4"}}
+        job = await apply(admin, spec)
+        uid = job["metadata"]["uid"]
+
+        async def released():
+            trail = await trail_of(kafka_bootstrap, topic_prefix, "qm.workloads", uid)
+            done = [e for e in trail if e.event_type == "workload.released.v1"]
+            return done and (trail, done)
+
+        try:
+            trail, done = await wait_until(released, 150, what=f"the queue-manager's release of {name}")
+        except AssertionError as timeout:
+            raise AssertionError(f"{timeout}\n{await story(kafka_bootstrap, topic_prefix, uid, tmp_path)}") from None
+        types = [e.event_type for e in trail]
+        for expected in ("workload.validated.v1", "workload.quota_reserved.v1", "workload.running.v1",
+                         "pod.finished.v1", "workload.finished.v1"):
+            assert expected in types, (expected, types)
+        assert done[0].payload.reason == "Finished", done[0].payload  # not an expiry, nor a zombie's clean-up
+        actions = await trail_of(kafka_bootstrap, topic_prefix, "qm.actions", uid)
+        assert [e.event_type for e in actions] == ["action.admit.v1"], [e.payload for e in actions]
+        finished = await admin.get(f"/apis/batch/v1/namespaces/ml-team/jobs/{name}")
+        assert any(c["type"] == "Complete" and c["status"] == "True" for c in finished["status"]["conditions"])
+
+        # The ledger bills whole hours once event time has passed them: a clock tick two hours on
+        # (as a replay's trace driver sends) closes the hour the Job ran in.
+        later = (datetime.now(UTC) + timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        async with Publisher(kafka_bootstrap, topic_prefix) as bus:
+            await bus.publish("qm.clock", "test", make_envelope(ClockTick(at=later, source="test"), producer="test",
+                                                                occurred_at=later))
+            await bus.flush()
+
+        async def billed():
+            rows = await trail_of(kafka_bootstrap, topic_prefix, "qm.billing", uid)
+            return [r for r in rows if r.payload.x_UsageKind != "reserved-idle"]
+
+        try:
+            rows = await wait_until(billed, 90, what=f"ledger rows for the GPU time {name}'s pods ran")
+        except AssertionError as timeout:
+            raise AssertionError(f"{timeout}\n{await story(kafka_bootstrap, topic_prefix, uid, tmp_path)}") from None
+        # two pods of 4 GPUs ran ~3 s each: GPU-hours of running time, not of an idle reservation
+        assert {r.payload.x_UsageKind for r in rows} == {"running"}, [r.payload for r in rows]
+        assert 0 < sum(float(r.payload.ConsumedQuantity) for r in rows) < 1, [r.payload for r in rows]
+    finally:
+        if watcher is not None:
+            watcher.terminate()
+            watcher.wait(30)
+        stack.stop()
+        watcher_log.close()
