@@ -27,6 +27,7 @@ running / finished         as it says, with what it has been billed
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -370,6 +371,9 @@ def _last(trail: Sequence[Envelope], *types: str,
     return -1, None
 
 
+#: The flavor assigner's words for a request no resourceGroup of the ClusterQueue covers.
+_UNCOVERED = re.compile(r"resource (\S+) unavailable in ClusterQueue")
+
 #: The reasons of the Evicts the queue-manager sends itself (ADR 0062): an expired reservation's
 #: Job, and a Job found running before it was admitted. Neither is a preemption.
 _QUEUE_MANAGER_STOPS = frozenset({ActionEvict.PODS_READY_TIMEOUT, ActionEvict.NOT_ADMITTED})
@@ -578,6 +582,18 @@ def explain(workload_key: str, envelopes: Iterable[Envelope]) -> Explanation:
                 Verdict.NAMESPACE_NOT_ALLOWED,
                 f"{workload_key} waits: {message}.",
                 [f"the ClusterQueue's namespaceSelector must match namespace {namespace}'s labels"],
+                cq=p.cluster_queue or cq,
+            )
+        uncovered = _UNCOVERED.search(message) if reason == "NoMatchingFlavor" else None
+        if uncovered is not None:
+            resource, queue = uncovered.group(1), p.cluster_queue or cq or "<cq>"
+            return result(
+                Verdict.NO_MATCHING_FLAVOR,
+                f"{workload_key} waits: {message}. It requests {resource}, which no resourceGroup of ClusterQueue "
+                f"{queue} covers, so no flavor can be assigned to it whatever is free (Kueue decides the same).",
+                [f"add {resource} to a resourceGroup's coveredResources in ClusterQueue {queue}, with a nominalQuota "
+                 "for each of its flavors (`qm config check` validates the change)",
+                 f"or drop the {resource} request from the Job's containers"],
                 cq=p.cluster_queue or cq,
             )
         if reason == "NoMatchingFlavor":

@@ -117,6 +117,11 @@ CASES = [
      [submitted(), validated(), pending(str(Reason.NO_MATCHING_FLAVOR), "couldn't assign flavors to pod set main: "
                                         "flavor a100-flavor doesn't match node affinity")],
      Verdict.NO_MATCHING_FLAVOR, "doesn't match node affinity"),
+    # the field report's gpu-queue covers nvidia.com/gpu alone: a Job asking for cpu too finds no flavor
+    ("a resource the ClusterQueue does not cover",
+     [submitted(), validated(), pending(str(Reason.NO_MATCHING_FLAVOR), "couldn't assign flavors to pod set main: "
+                                        "resource cpu unavailable in ClusterQueue")],
+     Verdict.NO_MATCHING_FLAVOR, "It requests cpu, which no resourceGroup of ClusterQueue gpu-queue covers"),
     ("quota reserved but no node fits",
      [submitted(), validated(), reserved(),
       env(ActionAdmit(workload_uid=UID, namespace=NS, name=NAME, kind="Job",
