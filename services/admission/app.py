@@ -158,9 +158,19 @@ runtime.agent_fetch_min_bytes = whole_number_env(
     "as QM_FETCH_MIN_BYTES says, by default answered as soon as anything is there", unit="a number of bytes") or None
 runtime.consume("qm.cluster", on_submitted, batched=True, reads=[WorkloadSubmitted])
 FACT_LANE_GROUP = f"{settings.app_id}-facts"
+async def send_facts(outputs: list[Output]) -> None:
+    """The facts bound for the cohorts' streams as bundles (ADR 0034); the lane's stops of Jobs
+    in no LocalQueue (ADR 0065) one record each, since the watcher reads no bundles."""
+    stops = [o for o in outputs if o.topic == "qm.actions"]
+    if stops:
+        await runtime.publish(stops)
+    if len(stops) < len(outputs):
+        await runtime.publish_bundled([o for o in outputs if o.topic != "qm.actions"])
+
+
 fact_lane = FactLane(
     settings.kafka_bootstrap, settings.topic("qm.cluster"), FACT_LANE_GROUP,
-    route=lambda envelope: cohort_stream_outputs(envelope, config), send=runtime.publish_bundled,
+    route=lambda envelope: cohort_stream_outputs(envelope, config), send=send_facts,
     dead_letter=lambda record, error, kind: runtime.dead_letter_record(
         "qm.cluster", record, error, kind=kind, consumer=FACT_LANE_GROUP),
     takeover_group=os.environ.get("QM_FACT_LANE_TAKEOVER_GROUP") or None,

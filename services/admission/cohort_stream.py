@@ -21,7 +21,14 @@ from __future__ import annotations
 from services.adapters.kueue_config import KueueConfig
 from services.adapters.runtime import Output
 from services.contracts.codec import Envelope, make_envelope
-from services.contracts.events import NodeCapacity, PodFinished, PodRunning, WorkloadFinished, WorkloadRunning
+from services.contracts.events import (
+    ActionEvict,
+    NodeCapacity,
+    PodFinished,
+    PodRunning,
+    WorkloadFinished,
+    WorkloadRunning,
+)
 
 PRODUCER = "admission"
 #: The qm.cluster records that join the cohort's stream.
@@ -29,7 +36,31 @@ FORWARDED = (PodRunning, PodFinished, WorkloadFinished, NodeCapacity)
 
 
 class UnknownQueue(LookupError):
-    """A lifecycle fact about a workload whose queue the configuration does not know."""
+    """A lifecycle fact about a workload whose queue the configuration does not know. `stops`
+    holds the Evict for a running pod of a Job that names a LocalQueue (ADR 0065)."""
+
+    def __init__(self, message: str, stops: list[Output] | None = None) -> None:
+        super().__init__(message)
+        self.stops = stops or []
+
+
+def stop_outside_every_queue(envelope: Envelope) -> list[Output]:
+    """The Evict (reason NotAdmitted, no grace) for a pod that runs while its Job names a
+    LocalQueue that does not exist: nothing will admit it, and Kueue's reconciler stops every
+    queue-labelled Job it has not admitted (ADR 0065). The queue-manager never sees such a
+    workload (it is on no cohort's stream), so admission, which judged it "not in any
+    LocalQueue", stops it. [] for other facts, and for pods of Jobs without the label, which
+    are none of ours. One per pod start (its id from the fact's), so a fact forwarded twice
+    stops once."""
+    payload = envelope.payload
+    if not isinstance(payload, PodRunning) or not payload.queue_name:
+        return []
+    stop = ActionEvict(workload_uid=payload.workload_uid, namespace=payload.namespace,
+                       name=payload.workload_name or payload.workload_uid, kind="Job",
+                       reason=ActionEvict.NOT_ADMITTED, grace_period_s=0)
+    return [Output("qm.actions", payload.workload_uid,
+                   make_envelope(stop, producer=PRODUCER, occurred_at=envelope.occurred_at,
+                                 identity=(envelope.event_id, "stopped"), cause=envelope))]
 
 
 def cohort_stream_outputs(envelope: Envelope, config: KueueConfig) -> list[Output]:
@@ -56,7 +87,8 @@ def cohort_stream_outputs(envelope: Envelope, config: KueueConfig) -> list[Outpu
         return []
     if key is None:
         raise UnknownQueue(f"{envelope.event_type} {envelope.event_id}: namespace {payload.namespace!r}, "
-                           f"queue {getattr(payload, 'queue_name', None)!r} is in no configured LocalQueue")
+                           f"queue {getattr(payload, 'queue_name', None)!r} is in no configured LocalQueue",
+                           stop_outside_every_queue(envelope))
     return [
         Output("qm.workloads", key, make_envelope(p, producer=PRODUCER, occurred_at=envelope.occurred_at,
                                                   identity=(envelope.event_id, "rekeyed", p.EVENT_TYPE),

@@ -142,9 +142,10 @@ class FactLane:
         except UnknownQueue as error:
             self.unroutable += 1
             UNROUTABLE_FACTS.inc()
-            log.warning("lifecycle event for a workload in no known queue; not forwarded: %s (event %s)",
-                        error, envelope.event_id)
-            return []
+            stopping = "; its Job is stopped (NotAdmitted)" if error.stops else ""
+            log.warning("lifecycle event for a workload in no known queue; not forwarded%s: %s (event %s)",
+                        stopping, error, envelope.event_id)
+            return error.stops
         except Exception as error:  # noqa: BLE001 - a routing bug must not stop the lane (as in the agents)
             log.exception("fact lane: routing failed; record dead-lettered (event %s)", envelope.event_id)
             DEAD_LETTERED_FACTS.inc()

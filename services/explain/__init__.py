@@ -374,9 +374,20 @@ def _last(trail: Sequence[Envelope], *types: str,
 #: The flavor assigner's words for a request no resourceGroup of the ClusterQueue covers.
 _UNCOVERED = re.compile(r"resource (\S+) unavailable in ClusterQueue")
 
-#: The reasons of the Evicts the queue-manager sends itself (ADR 0062): an expired reservation's
-#: Job, and a Job found running before it was admitted. Neither is a preemption.
+#: The reasons of the Evicts the queue-manager (and, for a Job in no LocalQueue, admission) sends
+#: itself (ADR 0062, 0065): an expired reservation's Job, and a Job found running before it was
+#: admitted. Neither is a preemption.
 _QUEUE_MANAGER_STOPS = frozenset({ActionEvict.PODS_READY_TIMEOUT, ActionEvict.NOT_ADMITTED})
+
+
+#: Verdicts under which nothing will admit the workload as it is (ADR 0065): a NotAdmitted stop
+#: of its Job then lasts.
+_NEVER_ADMITTED = frozenset({Verdict.REJECTED, Verdict.NOT_IN_LOCAL_QUEUE})
+_STOPPED_FOR_GOOD = (
+    " Its Job ran anyway and was stopped (NotAdmitted): it stays stopped, since nothing admits it as it is.",
+    "do not unsuspend it by hand; where Jobs start unsuspended, install the mutating webhook "
+    "(deploy/kubernetes/admission-webhook.yaml) so they wait suspended",
+)
 
 
 def _is_queue_managers_stop(e: Envelope) -> bool:
@@ -427,7 +438,8 @@ def explain(workload_key: str, envelopes: Iterable[Envelope]) -> Explanation:
     def result(verdict: Verdict, answer: str, steps: list[str], holders: list[Holder] | None = None,
                cq: str | None = None) -> Explanation:
         if stopped_unadmitted is not None:
-            answer, steps = answer + stopped_unadmitted[0], [*steps, stopped_unadmitted[1]]
+            sentence, step = _STOPPED_FOR_GOOD if verdict in _NEVER_ADMITTED else stopped_unadmitted
+            answer, steps = answer + sentence, [*steps, step]
         return Explanation(workload_key, tuple(sorted(uids)), timeline, verdict, answer, steps, holders or [], billed, cq)
 
     lifecycle = [e for e in trail if not e.event_type.startswith(("billing.", "action.outcome"))]

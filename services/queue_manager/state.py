@@ -10,6 +10,8 @@ JSON-able dict so it can live in a faust table:
     expiries  uid -> how many times its reservation expired before running
     finished_unjudged / running_unjudged  uid -> None: a finish / a running fact that came
               before the workload's verdict (bounded; the fact lane is not ordered with it)
+    rejected  uid -> None: workloads admission rejected, stopped if their Job runs (bounded;
+              ADR 0065)
     now       the latest event time seen (epoch seconds)
     limits    "cq|flavor|resource" -> the borrowingLimit a QuotaRule set (milli, None: no
               limit); absent: the configured one. Set only by cluster.signals.v1 events.
@@ -53,6 +55,7 @@ from services.contracts.events import (
     WorkloadPending,
     WorkloadPrefreezeExpired,
     WorkloadQuotaReserved,
+    WorkloadRejected,
     WorkloadReleased,
     WorkloadRequeued,
     WorkloadRunning,
@@ -118,20 +121,21 @@ def empty_state() -> dict[str, Any]:
     return {"pending": {}, "admitted": {}, "said": {}, "expiries": {}, "now": 0.0}
 
 
-#: How many workloads a cohort remembers as finished (and as running) before it knew them (newest kept).
+#: How many workloads a cohort remembers of each kind below (newest kept).
 UNJUDGED_KEPT = 4096
 
 
-def _remember_unjudged(state: dict, kind: str, uid: str) -> None:
-    """A fact about a workload the cohort does not know yet, kept under `kind` until its verdict
-    comes. Admission forwards facts on its fact lane and judges submissions on another, with no
-    order between them (ADR 0026):
+def _remember(state: dict, kind: str, uid: str) -> None:
+    """A workload the cohort does not queue, kept under `kind`. Admission forwards facts on its
+    fact lane and judges submissions on another, with no order between them (ADR 0026):
     * "finished_unjudged": a Job deleted a moment after its creation can have its finish reach
       the cohort's stream before its verdict, and the verdict must not queue it then;
     * "running_unjudged": a Job created where no webhook suspends it runs before its verdict,
-      and the verdict stops it (ADR 0062).
+      and the verdict stops it (ADR 0062);
+    * "rejected": admission's verdict was no; its Job is stopped whenever it runs (ADR 0065).
     Bounded, oldest dropped: a verdict comes seconds after its workload's facts at most, not
-    thousands of facts later."""
+    thousands of facts later; a rejected Job unsuspended after 4,096 newer rejections in its
+    cohort runs unstopped."""
     unjudged = state.setdefault(kind, {})
     unjudged[uid] = None
     if len(unjudged) > UNJUDGED_KEPT:
@@ -144,10 +148,10 @@ def iso(seconds: float) -> str:
     return utc_iso(datetime.fromtimestamp(seconds, UTC))
 
 
-#: What the fold reads on qm.workloads. Everything else there (its own decisions, admission's
-#: rejections) changes nothing, not even the fold's clock, so the shell may skip it unread.
-FOLDED = (WorkloadValidated, NodeCapacity, PodRunning, PodFinished, WorkloadRunning, WorkloadFinished, ClockTick,
-          PreemptionVictimsSelected, ClusterSignals, DrainDue)
+#: What the fold reads on qm.workloads. Everything else there (its own decisions) changes
+#: nothing, not even the fold's clock, so the shell may skip it unread.
+FOLDED = (WorkloadValidated, WorkloadRejected, NodeCapacity, PodRunning, PodFinished, WorkloadRunning,
+          WorkloadFinished, ClockTick, PreemptionVictimsSelected, ClusterSignals, DrainDue)
 
 
 def apply(state: dict | None, envelope: Envelope, ctx: Context) -> tuple[dict, list[Output]]:
@@ -209,6 +213,14 @@ def _step(state: dict, payload: Any, ctx: Context, configured: Objects, previous
         else:
             only = [payload.uid]
         only += [u for u in state.get("preemptors", ()) if u in state["pending"] and u not in only]
+    elif isinstance(payload, WorkloadRejected):
+        if payload.uid in state["admitted"] or payload.uid in state["pending"]:
+            return  # judged again after a resubmission: its first verdict stands
+        _remember(state, "rejected", payload.uid)
+        if payload.uid in state.get("running_unjudged", ()):
+            del state["running_unjudged"][payload.uid]
+            _stop_rejected(payload.uid, payload.namespace, payload.name, "", emit)  # it ran before the verdict
+        return
     elif isinstance(payload, NodeCapacity):
         nodes = state.setdefault("nodes", {})
         _NODES_BY_FLAVOR.pop(id(nodes), None)
@@ -224,8 +236,10 @@ def _step(state: dict, payload: Any, ctx: Context, configured: Objects, previous
         if entry is None:
             if payload.uid in state["pending"]:
                 _stop_if_never_admitted(state, payload.uid, emit)
+            elif payload.uid in state.get("rejected", ()):
+                _stop_rejected(payload.uid, payload.namespace, payload.name, payload.started_at, emit)
             elif payload.uid not in state.get("finished_unjudged", ()):
-                _remember_unjudged(state, "running_unjudged", payload.uid)
+                _remember(state, "running_unjudged", payload.uid)
             return
         if entry["running_at"] is not None:
             return
@@ -234,7 +248,8 @@ def _step(state: dict, payload: Any, ctx: Context, configured: Objects, previous
         return
     elif isinstance(payload, WorkloadFinished):
         if payload.uid not in state["admitted"] and payload.uid not in state["pending"]:
-            _remember_unjudged(state, "finished_unjudged", payload.uid)
+            _remember(state, "finished_unjudged", payload.uid)
+            state.get("rejected", {}).pop(payload.uid, None)  # its Job is gone: nothing left to stop
         entry = _unadmit(state, ctx, payload.uid)
         _dequeue(state, ctx, payload.uid)
         state["said"].pop(payload.uid, None)
@@ -483,6 +498,17 @@ def _stop_if_never_admitted(state: dict, uid: str, emit: _Emitter) -> None:
     emit.add("qm.actions", uid, ActionEvict(
         workload_uid=uid, namespace=waiting["namespace"], name=waiting["name"], kind="Job",
         reason=ActionEvict.NOT_ADMITTED, grace_period_s=0), identity=(uid, "not-admitted"))
+
+
+def _stop_rejected(uid: str, namespace: str, name: str, started_at: str, emit: _Emitter) -> None:
+    """A workload admission rejected runs (its Job unsuspended by hand, or created where the
+    mutating webhook is not installed): stop it, as Kueue's reconciler stops every queue-labelled
+    Job it has not admitted (ADR 0065). Once per start of it: a Job unsuspended again is stopped
+    again, and the pods of one start share its time (at worst a few stops, which the watcher
+    answers "already suspended")."""
+    emit.add("qm.actions", uid, ActionEvict(
+        workload_uid=uid, namespace=namespace, name=name, kind="Job", reason=ActionEvict.NOT_ADMITTED,
+        grace_period_s=0), identity=(uid, "rejected", started_at))
 
 
 def _track_pod(state: dict, pod: PodRunning | PodFinished) -> None:

@@ -53,75 +53,117 @@ async def story(bootstrap: str, prefix: str, uid: str, logs: Path) -> str:
     return "\n".join(lines)
 
 
-async def test_a_real_job_is_admitted_runs_finishes_releases_its_quota_and_is_billed(
-        cluster: ClusterInfo, admin, kafka_bootstrap, topic_prefix, tmp_path):
+@pytest.fixture
+async def stack(cluster: ClusterInfo, kafka_bootstrap, topic_prefix, tmp_path):
+    """The four services (as `make demo` starts them) and the watcher process, on fresh topics,
+    with the field report's configuration and the policy library."""
     suffix = f"-{uuid.uuid4().hex[:8]}"
     common = {"QM_KAFKA_BOOTSTRAP": kafka_bootstrap, "QM_TOPIC_PREFIX": topic_prefix, "QM_APP_ID_SUFFIX": suffix,
               "QM_CONFIG_DIR": str(REPO / "examples" / "seed")}
-    stack = Stack(tmp_path, {**common, "QM_POLICY_DIR": str(REPO / "policies" / "library"), "QM_STORE": "memory://",
-                             "QM_DATA_DIR": str(tmp_path / "data")})
+    services = Stack(tmp_path, {**common, "QM_POLICY_DIR": str(REPO / "policies" / "library"),
+                                "QM_STORE": "memory://", "QM_DATA_DIR": str(tmp_path / "data")})
     token = tmp_path / "token"
     token.write_text(cluster.watcher_token)
     watcher_log = open(tmp_path / "watcher.log", "wb")  # noqa: SIM115 - closed with the process
-    stack.start()
+    services.start()
     watcher = None
     try:
-        await asyncio.get_running_loop().run_in_executor(None, stack.wait_ready)
+        await asyncio.get_running_loop().run_in_executor(None, services.wait_ready)
         watcher = subprocess.Popen(
             [sys.executable, "-m", "services.watcher"], cwd=REPO, stdout=watcher_log, stderr=subprocess.STDOUT,
             env={**os.environ, **common, "PYTHONPATH": str(REPO), "QM_K8S_SERVER": cluster.server,
                  "QM_K8S_TOKEN_FILE": str(token), "QM_K8S_CA": cluster.ca_file, "QM_CLOCK_INTERVAL_S": "1"})
-        name = f"stack-{uuid.uuid4().hex[:6]}"
-        spec = gpu_job(name, "ml-team", pods=2, gpus_per_pod=4, run_s=3)
-        spec["metadata"]["labels"]["quartermaster.dev/cost-center"] = "cc-ml"  # the policy library asks for it
-        # GPUs only, as the field report's Job: its gpu-queue covers nvidia.com/gpu alone, and (as in
-        # Kueue) a request for anything else would find no flavor
-        for container in spec["spec"]["template"]["spec"]["containers"]:
-            container["resources"] = {"limits": {"nvidia.com/gpu": "4"}}
-        job = await apply(admin, spec)
-        uid = job["metadata"]["uid"]
-
-        async def released():
-            trail = await trail_of(kafka_bootstrap, topic_prefix, "qm.workloads", uid)
-            done = [e for e in trail if e.event_type == "workload.released.v1"]
-            return done and (trail, done)
-
-        try:
-            trail, done = await wait_until(released, 150, what=f"the queue-manager's release of {name}")
-        except AssertionError as timeout:
-            raise AssertionError(f"{timeout}\n{await story(kafka_bootstrap, topic_prefix, uid, tmp_path)}") from None
-        types = [e.event_type for e in trail]
-        for expected in ("workload.validated.v1", "workload.quota_reserved.v1", "workload.running.v1",
-                         "pod.finished.v1", "workload.finished.v1"):
-            assert expected in types, (expected, types)
-        assert done[0].payload.reason == "Finished", done[0].payload  # not an expiry, nor a zombie's clean-up
-        actions = await trail_of(kafka_bootstrap, topic_prefix, "qm.actions", uid)
-        assert [e.event_type for e in actions] == ["action.admit.v1"], [e.payload for e in actions]
-        finished = await admin.get(f"/apis/batch/v1/namespaces/ml-team/jobs/{name}")
-        assert any(c["type"] == "Complete" and c["status"] == "True" for c in finished["status"]["conditions"])
-
-        # The ledger bills whole hours once event time has passed them: a clock tick two hours on
-        # (as a replay's trace driver sends) closes the hour the Job ran in.
-        later = (datetime.now(UTC) + timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
-        async with Publisher(kafka_bootstrap, topic_prefix) as bus:
-            await bus.publish("qm.clock", "test", make_envelope(ClockTick(at=later, source="test"), producer="test",
-                                                                occurred_at=later))
-            await bus.flush()
-
-        async def billed():
-            rows = await trail_of(kafka_bootstrap, topic_prefix, "qm.billing", uid)
-            return [r for r in rows if r.payload.x_UsageKind != "reserved-idle"]
-
-        try:
-            rows = await wait_until(billed, 90, what=f"ledger rows for the GPU time {name}'s pods ran")
-        except AssertionError as timeout:
-            raise AssertionError(f"{timeout}\n{await story(kafka_bootstrap, topic_prefix, uid, tmp_path)}") from None
-        # two pods of 4 GPUs ran ~3 s each: GPU-hours of running time, not of an idle reservation
-        assert {r.payload.x_UsageKind for r in rows} == {"running"}, [r.payload for r in rows]
-        assert 0 < sum(float(r.payload.ConsumedQuantity) for r in rows) < 1, [r.payload for r in rows]
+        yield services
     finally:
         if watcher is not None:
             watcher.terminate()
             watcher.wait(30)
-        stack.stop()
+        services.stop()
         watcher_log.close()
+
+
+def gpu_only_job(name: str, *, queue: str = "team-ml", cost_center: str | None = "cc-ml", suspend: bool = True):
+    """gpu_job with GPUs only, as the field report's Job: its gpu-queue covers nvidia.com/gpu
+    alone, and (as in Kueue) a request for anything else would find no flavor. The policy
+    library asks for the cost-center label."""
+    spec = gpu_job(name, "ml-team", pods=2, gpus_per_pod=4, run_s=3, queue=queue, suspend=suspend)
+    if cost_center:
+        spec["metadata"]["labels"]["quartermaster.dev/cost-center"] = cost_center
+    for container in spec["spec"]["template"]["spec"]["containers"]:
+        container["resources"] = {"limits": {"nvidia.com/gpu": "4"}}
+    return spec
+
+
+async def test_a_real_job_is_admitted_runs_finishes_releases_its_quota_and_is_billed(
+        stack, admin, kafka_bootstrap, topic_prefix, tmp_path):
+    name = f"stack-{uuid.uuid4().hex[:6]}"
+    job = await apply(admin, gpu_only_job(name))
+    uid = job["metadata"]["uid"]
+
+    async def released():
+        trail = await trail_of(kafka_bootstrap, topic_prefix, "qm.workloads", uid)
+        done = [e for e in trail if e.event_type == "workload.released.v1"]
+        return done and (trail, done)
+
+    try:
+        trail, done = await wait_until(released, 150, what=f"the queue-manager's release of {name}")
+    except AssertionError as timeout:
+        raise AssertionError(f"{timeout}\n{await story(kafka_bootstrap, topic_prefix, uid, tmp_path)}") from None
+    types = [e.event_type for e in trail]
+    for expected in ("workload.validated.v1", "workload.quota_reserved.v1", "workload.running.v1",
+                     "pod.finished.v1", "workload.finished.v1"):
+        assert expected in types, (expected, types)
+    assert done[0].payload.reason == "Finished", done[0].payload  # not an expiry, nor a zombie's clean-up
+    actions = await trail_of(kafka_bootstrap, topic_prefix, "qm.actions", uid)
+    assert [e.event_type for e in actions] == ["action.admit.v1"], [e.payload for e in actions]
+    finished = await admin.get(f"/apis/batch/v1/namespaces/ml-team/jobs/{name}")
+    assert any(c["type"] == "Complete" and c["status"] == "True" for c in finished["status"]["conditions"])
+
+    # The ledger bills whole hours once event time has passed them: a clock tick two hours on
+    # (as a replay's trace driver sends) closes the hour the Job ran in.
+    later = (datetime.now(UTC) + timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    async with Publisher(kafka_bootstrap, topic_prefix) as bus:
+        await bus.publish("qm.clock", "test", make_envelope(ClockTick(at=later, source="test"), producer="test",
+                                                            occurred_at=later))
+        await bus.flush()
+
+    async def billed():
+        rows = await trail_of(kafka_bootstrap, topic_prefix, "qm.billing", uid)
+        return [r for r in rows if r.payload.x_UsageKind != "reserved-idle"]
+
+    try:
+        rows = await wait_until(billed, 90, what=f"ledger rows for the GPU time {name}'s pods ran")
+    except AssertionError as timeout:
+        raise AssertionError(f"{timeout}\n{await story(kafka_bootstrap, topic_prefix, uid, tmp_path)}") from None
+    # two pods of 4 GPUs ran ~3 s each: GPU-hours of running time, not of an idle reservation
+    assert {r.payload.x_UsageKind for r in rows} == {"running"}, [r.payload for r in rows]
+    assert 0 < sum(float(r.payload.ConsumedQuantity) for r in rows) < 1, [r.payload for r in rows]
+
+
+async def test_jobs_that_run_without_admission_are_stopped(stack, admin, kafka_bootstrap, topic_prefix, tmp_path):
+    """Created unsuspended (no mutating webhook in the test cluster), as a Job unsuspended by
+    hand: one that admission rejected (no cost-center label) and one whose LocalQueue does not
+    exist. Kueue's reconciler stops every queue-labelled Job it has not admitted; so do the
+    queue-manager and admission's fact lane (ADR 0065)."""
+    tag = uuid.uuid4().hex[:6]
+    rejected = await apply(admin, gpu_only_job(f"denied-{tag}", cost_center=None, suspend=False))
+    unqueued = await apply(admin, gpu_only_job(f"noqueue-{tag}", queue="no-such-queue", suspend=False))
+
+    async def stopped(job):
+        uid = job["metadata"]["uid"]
+        actions = await trail_of(kafka_bootstrap, topic_prefix, "qm.actions", uid)
+        stops = [e for e in actions if e.event_type == "action.evict.v1"]
+        now = await admin.get(f"/apis/batch/v1/namespaces/ml-team/jobs/{job['metadata']['name']}")
+        return stops and now["spec"].get("suspend") is True and (stops, now)
+
+    for job, producer in ((rejected, "queue-manager"), (unqueued, "admission")):
+        try:
+            stops, _ = await wait_until(lambda job=job: stopped(job), 120, what=f"{job['metadata']['name']} stopped")
+        except AssertionError as timeout:
+            trail = await story(kafka_bootstrap, topic_prefix, job["metadata"]["uid"], tmp_path)
+            raise AssertionError(f"{timeout}\n{trail}") from None
+        assert {(e.producer, e.payload.reason, e.payload.grace_period_s) for e in stops} == {
+            (producer, "NotAdmitted", 0)}, [e.payload for e in stops]
+        admissions = [e for e in await trail_of(kafka_bootstrap, topic_prefix, "qm.actions", job["metadata"]["uid"])
+                      if e.event_type == "action.admit.v1"]
+        assert admissions == []

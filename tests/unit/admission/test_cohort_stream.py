@@ -101,3 +101,27 @@ def test_submissions_and_namespace_labels_are_not_forwarded(config):
 def test_a_pod_of_an_unknown_queue_is_refused_with_its_namespace_and_queue(config):
     with pytest.raises(UnknownQueue, match=r"namespace 'team-a1', queue 'nope' is in no configured LocalQueue"):
         cohort_stream_outputs(running(namespace="team-a1", queue="nope"), config)
+
+
+def test_a_running_pod_of_a_job_in_no_localqueue_is_stopped(config):
+    # Its Job names a LocalQueue that does not exist: nothing will admit it, so its running pod is
+    # stopped (ADR 0065) as Kueue's reconciler stops every queue-labelled Job it has not admitted.
+    source = running(namespace="team-a1", queue="nope")
+    with pytest.raises(UnknownQueue) as refused:
+        cohort_stream_outputs(source, config)
+    (stop,) = refused.value.stops
+    p = stop.envelope.payload
+    assert (stop.topic, stop.key, stop.envelope.event_type) == ("qm.actions", "uid-1", "action.evict.v1")
+    assert (p.workload_uid, p.namespace, p.name, p.kind, p.reason, p.grace_period_s) == (
+        "uid-1", "team-a1", "train", "Job", "NotAdmitted", 0)
+    assert stop.envelope.producer == "admission" and stop.envelope.causation_id == source.event_id
+    with pytest.raises(UnknownQueue) as again:  # the same fact forwarded twice: one stop
+        cohort_stream_outputs(source, config)
+    assert again.value.stops[0].envelope.event_id == stop.envelope.event_id
+    # its finish, and pods of Jobs that name no queue at all (none of ours), stop nothing
+    finished = from_cluster(PodFinished(uid="pod-1", workload_uid="uid-1", namespace="team-a1", name="train-0",
+                                        queue_name="nope", phase="Succeeded", finished_at=AT))
+    for fact in (finished, running(namespace="team-a1", queue=None)):
+        with pytest.raises(UnknownQueue) as refused:
+            cohort_stream_outputs(fact, config)
+        assert refused.value.stops == []

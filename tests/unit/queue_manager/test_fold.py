@@ -9,7 +9,13 @@ from fold_steps import fold_all
 
 from services.adapters.kueue_config import KueueConfig
 from services.contracts.codec import make_envelope
-from services.contracts.events import ClockTick, WorkloadFinished, WorkloadRunning, WorkloadValidated
+from services.contracts.events import (
+    ClockTick,
+    WorkloadFinished,
+    WorkloadRejected,
+    WorkloadRunning,
+    WorkloadValidated,
+)
 from services.queue_manager.state import Context, KeyedContexts
 
 SEED = Path(__file__).resolve().parents[3] / "examples" / "seed"
@@ -301,3 +307,50 @@ def test_a_job_running_before_its_verdict_is_stopped_when_the_verdict_comes():
     assert "action.admit.v1" in types(outputs)
     assert types(outputs).index("action.evict.v1") < types(outputs).index("action.admit.v1")
     assert "running_unjudged" in state and "uid-early" not in state["running_unjudged"]
+
+
+def rejected(name: str, at: str = "2026-11-29T10:00:00Z"):
+    return make_envelope(WorkloadRejected(uid=f"uid-{name}", namespace="ml-team", name=name, message="no",
+                                          violations=[{"policy": "p", "enforcement_action": "deny", "message": "no"}]),
+                         producer="admission", occurred_at=at)
+
+
+def test_a_rejected_workload_is_stopped_whenever_its_job_runs():
+    # Admission said no; the Job was unsuspended by hand (or created where the mutating webhook
+    # is not installed). Kueue stops every queue-labelled Job it has not admitted (ADR 0065).
+    state, outputs = run([rejected("denied")])
+    assert outputs == [] and "uid-denied" not in state["pending"] and "uid-denied" in state["rejected"]
+    state, outputs = run([running("denied", "2026-11-29T10:01:00Z")], state)
+    (stop,) = outputs
+    p = stop.envelope.payload
+    assert (stop.topic, stop.key, p.reason, p.grace_period_s) == ("qm.actions", "uid-denied", "NotAdmitted", 0)
+    assert (p.workload_uid, p.namespace, p.name, p.kind) == ("uid-denied", "ml-team", "denied", "Job")
+    # the same fact again (redelivered): the same stop, which readers drop as a copy
+    _, again = run([rejected("denied"), running("denied", "2026-11-29T10:01:00Z")])
+    assert [o.envelope.event_id for o in again] == [stop.envelope.event_id]
+    # unsuspended again later: stopped again
+    state, later = run([running("denied", "2026-11-29T10:20:00Z")], state)
+    assert types(later) == ["action.evict.v1"] and later[0].envelope.event_id != stop.envelope.event_id
+    # its Job is gone: forgotten
+    done = make_envelope(WorkloadFinished(uid="uid-denied", namespace="ml-team", name="denied", succeeded=False,
+                                          finished_at="2026-11-29T10:30:00Z"),
+                         producer="watcher", occurred_at="2026-11-29T10:30:00Z")
+    state, _ = run([done], state)
+    assert "uid-denied" not in state["rejected"]
+
+
+def test_a_rejected_job_that_ran_before_its_verdict_is_stopped_when_the_verdict_comes():
+    state, outputs = run([running("denied-early", "2026-11-29T10:00:01Z")])
+    assert outputs == []
+    state, outputs = run([rejected("denied-early")], state)
+    assert types(outputs) == ["action.evict.v1"] and outputs[0].envelope.payload.reason == "NotAdmitted"
+    assert "uid-denied-early" not in state["running_unjudged"]
+
+
+def test_a_rejection_after_a_validation_changes_nothing():
+    # judged twice (a resubmission): the first verdict stands, and a queued workload that runs
+    # is stopped once, as ADR 0062 says, not once more for the rejection
+    state, _ = run([validated("twice", 64)])
+    assert "uid-twice" in state["pending"]
+    state, outputs = run([rejected("twice")], state)
+    assert outputs == [] and "uid-twice" in state["pending"] and "uid-twice" not in state.get("rejected", {})
