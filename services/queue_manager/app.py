@@ -31,6 +31,7 @@ from services.contracts.events import (
     ClockTick,
     ClusterSignals,
     ConfigSnapshot,
+    WorkloadRejected,
 )
 from services.contracts.schemas import topic_specs
 from services.core.quota import ConfigError, load_objects
@@ -138,6 +139,8 @@ async def on_workload_event(envelope: Envelope, event) -> None:
     if not isinstance(envelope.payload, fold.FOLDED):
         return  # our own decisions coming back: nothing to fold, no state to store
     key = event.key.decode() if event.key else envelope.payload.uid
+    if isinstance(envelope.payload, WorkloadRejected) and key not in config.root_of.values():
+        return  # rejected in no LocalQueue (keyed by namespace): admission's fact lane stops its Job (ADR 0065)
     applied = await runtime.apply_once(cohorts, key, envelope, lambda s, e: fold.apply(s, e, keyed_contexts.of(context, key)))
     if not applied:
         return
