@@ -203,7 +203,7 @@ async def live_state(web, request):
         "caughtUp": replica.ready(),
         # the facts' own consumer (ADR 0026): not joined, or unroutable rising, is worth a look
         "factLane": {"joined": fact_lane.joined.is_set(), "recordsForwarded": fact_lane.forwarded,
-                     "unroutable": fact_lane.unroutable},
+                     "unroutable": fact_lane.unroutable, "jobsStopped": fact_lane.stopped},
         # paused: submissions wait for the queue-manager to catch up (ADR 0049)
         "pace": {"paused": pace.paused, "queueManagerRecordsBehind": pace.behind, "max": pace.max_behind,
                  "pauses": pace.pauses},

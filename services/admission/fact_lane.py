@@ -79,6 +79,7 @@ class FactLane:
         self.fetch_max_wait_ms, self.fetch_min_bytes = fetch_max_wait_ms, fetch_min_bytes
         self.joined = asyncio.Event()  # set at its first partition assignment (admission's /readyz waits)
         self.forwarded = 0  # records sent (a running pod is two: pod.running and workload.running)
+        self.stopped = 0  # Evicts sent for running pods of Jobs in no LocalQueue (ADR 0065)
         self.unroutable = 0  # facts about workloads in no configured queue (logged, not sent)
 
     async def run(self) -> None:
@@ -105,7 +106,9 @@ class FactLane:
                         outputs += await self._facts(record)
                 if outputs:
                     await self.send(outputs)  # acknowledged by the broker before the commit
-                    self.forwarded += len(outputs)
+                    stops = sum(1 for o in outputs if o.topic == "qm.actions")
+                    self.forwarded += len(outputs) - stops
+                    self.stopped += stops
                 uncommitted.update({tp: records[-1].offset + 1 for tp, records in batch.items() if records})
                 if uncommitted and time.monotonic() - committed_at >= COMMIT_EVERY_S:
                     await self._commit(consumer, uncommitted)

@@ -211,7 +211,8 @@ async def test_a_workloads_pod_facts_follow_its_verdict_onto_its_cohorts_stream(
         metrics = worker.metrics()
     finally:
         worker.stop()
-    assert lane == {"joined": True, "recordsForwarded": 5, "unroutable": 1}  # a running pod is two records
+    # a running pod is two records; the stray pod's Job names no LocalQueue, so it is stopped (ADR 0065)
+    assert lane == {"joined": True, "recordsForwarded": 5, "unroutable": 1, "jobsStopped": 1}
     assert 'qm_admission_facts_total{outcome="forwarded"} 4.0' in metrics
     assert 'qm_admission_facts_total{outcome="unroutable"} 1.0' in metrics
     assert 'qm_admission_facts_total{outcome="dead-lettered"} 1.0' in metrics
@@ -235,6 +236,10 @@ async def test_a_workloads_pod_facts_follow_its_verdict_onto_its_cohorts_stream(
     assert all(e.producer == "admission" for _, e in stream)
     assert "pod-stray" not in str([e.payload for _, e in stream])
     assert "no known queue" in worker.log()
+    # the stray pod's Job names a LocalQueue that does not exist: stopped, one record of its own
+    stops = [(r.key, e) async for r, e in read_envelopes(kafka_bootstrap, topic_prefix + "qm.actions")]
+    assert [(key, e.event_type, e.payload.reason, e.payload.name) for key, e in stops] == [
+        (b"uid-stray", "action.evict.v1", "NotAdmitted", "stray")]
 
 
 async def test_pod_facts_do_not_wait_behind_a_burst_of_submissions(kafka_bootstrap, topic_prefix, tmp_path):
