@@ -28,6 +28,7 @@ from services.demo.stack import Stack
 
 pytestmark = [pytest.mark.k8s, pytest.mark.kafka]
 REPO = Path(__file__).resolve().parents[2]
+PODS_READY_TIMEOUT_S = 20
 
 
 async def trail_of(bootstrap: str, prefix: str, topic: str, uid: str) -> list:
@@ -61,7 +62,9 @@ async def stack(cluster: ClusterInfo, kafka_bootstrap, topic_prefix, tmp_path):
     common = {"QM_KAFKA_BOOTSTRAP": kafka_bootstrap, "QM_TOPIC_PREFIX": topic_prefix, "QM_APP_ID_SUFFIX": suffix,
               "QM_CONFIG_DIR": str(REPO / "examples" / "seed")}
     services = Stack(tmp_path, {**common, "QM_POLICY_DIR": str(REPO / "policies" / "library"),
-                                "QM_STORE": "memory://", "QM_DATA_DIR": str(tmp_path / "data")})
+                                "QM_STORE": "memory://", "QM_DATA_DIR": str(tmp_path / "data"),
+                                # kwok's pods are ready 0.5-1.5 s after they are created
+                                "QM_PODS_READY_TIMEOUT_S": str(PODS_READY_TIMEOUT_S)})
     token = tmp_path / "token"
     token.write_text(cluster.watcher_token)
     watcher_log = open(tmp_path / "watcher.log", "wb")  # noqa: SIM115 - closed with the process
@@ -167,3 +170,37 @@ async def test_jobs_that_run_without_admission_are_stopped(stack, admin, kafka_b
         admissions = [e for e in await trail_of(kafka_bootstrap, topic_prefix, "qm.actions", job["metadata"]["uid"])
                       if e.event_type == "action.admit.v1"]
         assert admissions == []
+
+
+async def test_a_reservation_whose_pods_never_start_expires_and_its_job_is_stopped(
+        stack, admin, kafka_bootstrap, topic_prefix, tmp_path):
+    """The field report's central case: quota reserved (pre-frozen), but no node runs the pods
+    (here a nodeSelector no node carries). After podsReadyTimeout the queue-manager releases the
+    quota, requeues the workload and stops its Job (ADR 0062); the watcher suspends it and puts
+    its template's scheduling fields back."""
+    name = f"stuck-{uuid.uuid4().hex[:6]}"
+    spec = gpu_only_job(name)
+    spec["spec"]["template"]["spec"]["nodeSelector"] = {"topology.example/zone": "nowhere"}
+    job = await apply(admin, spec)
+    uid = job["metadata"]["uid"]
+
+    async def stopped():
+        workloads = await trail_of(kafka_bootstrap, topic_prefix, "qm.workloads", uid)
+        actions = await trail_of(kafka_bootstrap, topic_prefix, "qm.actions", uid)
+        now = await admin.get(f"/apis/batch/v1/namespaces/ml-team/jobs/{name}")
+        expired = [e for e in workloads if e.event_type == "workload.prefreeze_expired.v1"]
+        evicts = [e for e in actions if e.event_type == "action.evict.v1"]
+        return expired and evicts and now["spec"].get("suspend") is True and (workloads, evicts, now)
+
+    try:
+        workloads, evicts, now = await wait_until(stopped, PODS_READY_TIMEOUT_S + 90,
+                                                  what=f"{name}'s expiry and its Job stopped")
+    except AssertionError as timeout:
+        raise AssertionError(f"{timeout}\n{await story(kafka_bootstrap, topic_prefix, uid, tmp_path)}") from None
+    types = [e.event_type for e in workloads]
+    assert "workload.running.v1" not in types and "workload.requeued.v1" in types, types
+    released = [e.payload for e in workloads if e.event_type == "workload.released.v1"]
+    assert [r.reason for r in released] == ["PodsReadyTimeout"], released
+    assert [(e.payload.reason, e.payload.grace_period_s) for e in evicts] == [("PodsReadyTimeout", 0)]
+    # suspended, and the selector is the user's again (the flavor's label taken off)
+    assert now["spec"]["template"]["spec"]["nodeSelector"] == {"topology.example/zone": "nowhere"}
