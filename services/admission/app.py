@@ -92,7 +92,8 @@ def decide(submitted: WorkloadSubmitted, cause: Envelope) -> list[Output]:
         return [out(translate.not_in_a_queue(submitted), submitted.namespace)]
     VALIDATED.inc()
     cohort = config.objects.cluster_queues[cluster_queue].cohort
-    return [out(translate.validated(submitted, cluster_queue, cohort, decision.warnings), key)]
+    return [out(translate.validated(submitted, cluster_queue, cohort, decision.warnings,
+                                    config.objects.priority_classes), key)]
 
 
 # Submissions wait while the queue-manager is more than this many records behind on qm.workloads

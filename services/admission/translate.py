@@ -3,6 +3,7 @@ see, and an admission decision -> the events the queue-manager and on-call read.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from services.contracts.events import WorkloadPending, WorkloadRejected, WorkloadSubmitted, WorkloadValidated
@@ -60,11 +61,29 @@ def kubernetes_object(w: WorkloadSubmitted) -> dict[str, Any]:
     return {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload", "metadata": metadata, "spec": spec}
 
 
-def validated(w: WorkloadSubmitted, cluster_queue: str, cohort: str | None, warnings: tuple[str, ...]) -> WorkloadValidated:
+def priority_of(w: WorkloadSubmitted, priority_classes: Mapping[str, int]) -> tuple[int, str | None]:
+    """The workload's priority, as Kueue sets it (and `qm simulate` reads it): the value of its
+    priority class (a WorkloadPriorityClass named by the kueue.x-k8s.io/priority-class label, or
+    the pods' PriorityClass) when that is configured, else the value it carries, else 0. With a
+    warning when the class is not configured and no value was given (ADR 0066)."""
+    if w.priority_class and w.priority_class in priority_classes:
+        return priority_classes[w.priority_class], None
+    if w.priority is not None:
+        return w.priority, None
+    if w.priority_class:
+        return 0, (f"priority class {w.priority_class} is not configured (no WorkloadPriorityClass or PriorityClass "
+                   "of that name): priority 0")
+    return 0, None
+
+
+def validated(w: WorkloadSubmitted, cluster_queue: str, cohort: str | None, warnings: tuple[str, ...],
+              priority_classes: Mapping[str, int] | None = None) -> WorkloadValidated:
+    priority, unknown = priority_of(w, priority_classes or {})
     return WorkloadValidated(
         uid=w.uid, namespace=w.namespace, name=w.name, queue_name=w.queue_name or "",
-        cluster_queue=cluster_queue, cohort=cohort, priority=w.priority or 0, priority_class=w.priority_class,
-        pod_sets=w.pod_sets, labels=w.labels, created_at=w.created_at, warnings=list(warnings),
+        cluster_queue=cluster_queue, cohort=cohort, priority=priority, priority_class=w.priority_class,
+        pod_sets=w.pod_sets, labels=w.labels, created_at=w.created_at,
+        warnings=[*warnings, unknown] if unknown else list(warnings),
     )
 
 

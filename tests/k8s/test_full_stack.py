@@ -55,12 +55,26 @@ async def story(bootstrap: str, prefix: str, uid: str, logs: Path) -> str:
 
 
 @pytest.fixture
-async def stack(cluster: ClusterInfo, kafka_bootstrap, topic_prefix, tmp_path):
+def config_dir(request, tmp_path) -> Path:
+    """The field report's configuration; or, parametrized indirectly, these Kueue and
+    Quartermaster objects with the seed's price list."""
+    objects = getattr(request, "param", None)
+    if objects is None:
+        return REPO / "examples" / "seed"
+    directory = tmp_path / "config"
+    directory.mkdir()
+    (directory / "objects.yaml").write_text(objects)
+    (directory / "pricelist.yaml").write_text((REPO / "examples" / "seed" / "pricelist.yaml").read_text())
+    return directory
+
+
+@pytest.fixture
+async def stack(cluster: ClusterInfo, kafka_bootstrap, topic_prefix, tmp_path, config_dir):
     """The four services (as `make demo` starts them) and the watcher process, on fresh topics,
-    with the field report's configuration and the policy library."""
+    with `config_dir` and the policy library."""
     suffix = f"-{uuid.uuid4().hex[:8]}"
     common = {"QM_KAFKA_BOOTSTRAP": kafka_bootstrap, "QM_TOPIC_PREFIX": topic_prefix, "QM_APP_ID_SUFFIX": suffix,
-              "QM_CONFIG_DIR": str(REPO / "examples" / "seed")}
+              "QM_CONFIG_DIR": str(config_dir)}
     services = Stack(tmp_path, {**common, "QM_POLICY_DIR": str(REPO / "policies" / "library"),
                                 "QM_STORE": "memory://", "QM_DATA_DIR": str(tmp_path / "data"),
                                 # kwok's pods are ready 0.5-1.5 s after they are created
@@ -204,3 +218,99 @@ async def test_a_reservation_whose_pods_never_start_expires_and_its_job_is_stopp
     assert [(e.payload.reason, e.payload.grace_period_s) for e in evicts] == [("PodsReadyTimeout", 0)]
     # suspended, and the selector is the user's again (the flavor's label taken off)
     assert now["spec"]["template"]["spec"]["nodeSelector"] == {"topology.example/zone": "nowhere"}
+
+
+PREEMPTING_CONFIG = """
+apiVersion: kueue.x-k8s.io/v1beta1
+kind: ResourceFlavor
+metadata: {name: a100-flavor}
+spec:
+  nodeLabels: {gpu.nvidia.com/class: a100}
+---
+apiVersion: kueue.x-k8s.io/v1beta1
+kind: ClusterQueue
+metadata: {name: gpu-queue}
+spec:
+  namespaceSelector: {}
+  preemption: {withinClusterQueue: LowerPriority}
+  resourceGroups:
+  - coveredResources: [nvidia.com/gpu]
+    flavors:
+    - name: a100-flavor
+      resources: [{name: nvidia.com/gpu, nominalQuota: 24}]
+---
+apiVersion: kueue.x-k8s.io/v1beta1
+kind: LocalQueue
+metadata: {name: team-ml, namespace: ml-team}
+spec: {clusterQueue: gpu-queue}
+---
+apiVersion: kueue.x-k8s.io/v1beta1
+kind: WorkloadPriorityClass
+metadata: {name: urgent}
+value: 1000
+---
+apiVersion: quartermaster.dev/v1alpha1
+kind: PreemptionPolicy
+metadata: {name: quick}
+spec:
+  defaultClass: batch
+  classes:
+  - name: batch
+    selector: {matchLabels: {quartermaster.dev/class: batch}}
+    preemptible: true
+    mayPreempt: [{class: batch, priority: Lower}]
+    gracePeriod: 2s
+    minRuntimeBeforePreemption: 0s
+"""
+
+
+@pytest.mark.parametrize("config_dir", [PREEMPTING_CONFIG], indirect=True, ids=["preempting"])
+async def test_a_higher_priority_job_preempts_a_running_one_which_runs_again_after(
+        stack, admin, kafka_bootstrap, topic_prefix, tmp_path):
+    """Who gives way, on the real cluster: a 24-GPU Job holds the ClusterQueue's whole quota; an
+    urgent 4-GPU Job comes. The preemption service picks the first as its victim with a 2 s grace;
+    the watcher signals the checkpoint, then suspends it; the urgent Job is admitted and runs;
+    when it has finished, the victim is admitted again and runs to its end."""
+    tag = uuid.uuid4().hex[:6]
+    low = gpu_only_job(f"low-{tag}")
+    # 6 pods x 4 GPUs: the whole quota, and with the urgent Job's 4 under the policy library's
+    # 32-GPU limit for ml-team (namespace-gpu-max), which would refuse it otherwise
+    low["spec"]["parallelism"] = low["spec"]["completions"] = 6
+    for stage in ("pod-complete.stage.kwok.x-k8s.io/delay", "pod-complete.stage.kwok.x-k8s.io/jitter-delay"):
+        low["spec"]["template"]["metadata"]["annotations"][stage] = "20s"  # runs long enough to be preempted
+    low = await apply(admin, low)
+
+    async def running(job):
+        trail = await trail_of(kafka_bootstrap, topic_prefix, "qm.workloads", job["metadata"]["uid"])
+        return [e for e in trail if e.event_type == "workload.running.v1"]
+
+    await wait_until(lambda: running(low), 90, what="the 24-GPU Job running")
+    urgent = gpu_only_job(f"urgent-{tag}")
+    urgent["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = "urgent"
+    urgent["spec"]["parallelism"] = urgent["spec"]["completions"] = 1
+    urgent = await apply(admin, urgent)
+
+    async def urgent_released_and_low_back():
+        low_trail = await trail_of(kafka_bootstrap, topic_prefix, "qm.workloads", low["metadata"]["uid"])
+        urgent_trail = await trail_of(kafka_bootstrap, topic_prefix, "qm.workloads", urgent["metadata"]["uid"])
+        reserved_again = [e for e in low_trail if e.event_type == "workload.quota_reserved.v1"][1:]
+        done = [e for e in urgent_trail if e.event_type == "workload.released.v1"]
+        return reserved_again and done and (low_trail, urgent_trail)
+
+    try:
+        low_trail, urgent_trail = await wait_until(urgent_released_and_low_back, 180,
+                                                   what="the urgent Job done and the victim admitted again")
+    except AssertionError as timeout:
+        trail = await story(kafka_bootstrap, topic_prefix, urgent["metadata"]["uid"], tmp_path)
+        raise AssertionError(f"{timeout}\n{trail}") from None
+    evicts = [e for e in await trail_of(kafka_bootstrap, topic_prefix, "qm.actions", low["metadata"]["uid"])
+              if e.event_type == "action.evict.v1"]
+    assert [(e.producer, e.payload.grace_period_s) for e in evicts] == [("preemption", 2)], [e.payload for e in evicts]
+    assert f"Preempted by ml-team/{urgent['metadata']['name']} (InClusterQueue" in evicts[0].payload.reason
+    evicted = [e.payload for e in low_trail if e.event_type == "workload.evicted.v1"]
+    assert [(p.reason, p.preemptor) for p in evicted] == [("InClusterQueue", f"ml-team/{urgent['metadata']['name']}")]
+    assert [e.payload.reason for e in urgent_trail if e.event_type == "workload.released.v1"] == ["Finished"]
+    # the victim's Job was stopped (its pods told to checkpoint first) and runs again once re-admitted
+    outcomes = [e.payload for e in await trail_of(kafka_bootstrap, topic_prefix, "qm.cluster", low["metadata"]["uid"])
+                if e.event_type == "action.outcome.v1"]
+    assert [o.action for o in outcomes if o.outcome == "applied"][:3] == ["admit", "evict", "admit"], outcomes
