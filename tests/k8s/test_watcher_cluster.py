@@ -306,6 +306,8 @@ async def test_stale_resource_version_gets_410_and_a_clean_relist(
         await wait_until(lambda: any(e["payload"].get("workload_uid") == uid
                                      for e in log2.events(normalize.POD_FINISHED)), 60,
                          what="the new pod to finish")
+        await wait_until(lambda: any(e["payload"].get("uid") == uid for e in log2.events(normalize.WORKLOAD_FINISHED)),
+                         60, what="the new Job to finish (ADR 0064)")
         # Every core resource was re-listed after its 410.
         assert {"core/v1/namespaces", "core/v1/nodes", "batch/v1/jobs", "core/v1/pods"} <= set(w2.stats.gone), \
             w2.stats
@@ -314,7 +316,7 @@ async def test_stale_resource_version_gets_410_and_a_clean_relist(
         assert relisted, "the re-list should report the new workload"
         assert {workload_of(e["payload"]) for e in relisted} == {uid}
         assert {e["event_type"] for e in relisted} == {
-            normalize.WORKLOAD_SUBMITTED, normalize.POD_RUNNING, normalize.POD_FINISHED}
+            normalize.WORKLOAD_SUBMITTED, normalize.POD_RUNNING, normalize.POD_FINISHED, normalize.WORKLOAD_FINISHED}
         assert not (set(log2.ids()) & before_ids)
         # Nodes whose capacity did not change are not reported again (kwok's heartbeats change
         # their resourceVersion, not their capacity).
