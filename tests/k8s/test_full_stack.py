@@ -22,9 +22,11 @@ import pytest
 from k8s_harness import ClusterInfo, apply, gpu_job, wait_until
 
 from services.adapters.bus import Publisher, read_envelopes
+from services.cli.explain_cmd import read_all
 from services.contracts.codec import make_envelope
 from services.contracts.events import ClockTick
 from services.demo.stack import Stack
+from services.explain import Verdict, explain
 
 pytestmark = [pytest.mark.k8s, pytest.mark.kafka]
 REPO = Path(__file__).resolve().parents[2]
@@ -155,6 +157,9 @@ async def test_a_real_job_is_admitted_runs_finishes_releases_its_quota_and_is_bi
     # two pods of 4 GPUs ran ~3 s each: GPU-hours of running time, not of an idle reservation
     assert {r.payload.x_UsageKind for r in rows} == {"running"}, [r.payload for r in rows]
     assert 0 < sum(float(r.payload.ConsumedQuantity) for r in rows) < 1, [r.payload for r in rows]
+    # what on-call reads of it (`qm explain ml-team/<name>`)
+    told = explain(f"ml-team/{name}", await read_all(kafka_bootstrap, topic_prefix))
+    assert told.verdict == Verdict.FINISHED and "succeeded" in told.answer and "Billed so far" in told.answer, told
 
 
 async def test_jobs_that_run_without_admission_are_stopped(stack, admin, kafka_bootstrap, topic_prefix, tmp_path):
@@ -184,6 +189,10 @@ async def test_jobs_that_run_without_admission_are_stopped(stack, admin, kafka_b
         admissions = [e for e in await trail_of(kafka_bootstrap, topic_prefix, "qm.actions", job["metadata"]["uid"])
                       if e.event_type == "action.admit.v1"]
         assert admissions == []
+    everything = await read_all(kafka_bootstrap, topic_prefix)
+    for job, verdict in ((rejected, Verdict.REJECTED), (unqueued, Verdict.NOT_IN_LOCAL_QUEUE)):
+        told = explain(f"ml-team/{job['metadata']['name']}", everything)
+        assert told.verdict == verdict and "it stays stopped" in told.answer, told
 
 
 async def test_a_reservation_whose_pods_never_start_expires_and_its_job_is_stopped(
@@ -218,6 +227,8 @@ async def test_a_reservation_whose_pods_never_start_expires_and_its_job_is_stopp
     assert [(e.payload.reason, e.payload.grace_period_s) for e in evicts] == [("PodsReadyTimeout", 0)]
     # suspended, and the selector is the user's again (the flavor's label taken off)
     assert now["spec"]["template"]["spec"]["nodeSelector"] == {"topology.example/zone": "nowhere"}
+    told = explain(f"ml-team/{name}", await read_all(kafka_bootstrap, topic_prefix))
+    assert told.verdict == Verdict.PREFREEZE_EXPIRED and "Its Job was stopped" in told.answer, told
 
 
 PREEMPTING_CONFIG = """
