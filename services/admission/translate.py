@@ -77,8 +77,8 @@ def priority_of(w: WorkloadSubmitted, priority_classes: Mapping[str, int]) -> tu
 
 
 def validated(w: WorkloadSubmitted, cluster_queue: str, cohort: str | None, warnings: tuple[str, ...],
-              priority_classes: Mapping[str, int] | None = None) -> WorkloadValidated:
-    priority, unknown = priority_of(w, priority_classes or {})
+              priority_classes: Mapping[str, int]) -> WorkloadValidated:
+    priority, unknown = priority_of(w, priority_classes)
     return WorkloadValidated(
         uid=w.uid, namespace=w.namespace, name=w.name, queue_name=w.queue_name or "",
         cluster_queue=cluster_queue, cohort=cohort, priority=priority, priority_class=w.priority_class,

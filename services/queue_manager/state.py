@@ -440,10 +440,8 @@ def _expire_idle_reservations(state: dict, ctx: Context, emit: _Emitter) -> bool
         # The Job was unsuspended when its quota was reserved: stop it, as Kueue evicts on
         # waitForPodsReady's timeout, or pods that start later (a node that comes up, an image
         # that finally pulls) run on quota released to others. No grace: nothing ran to checkpoint.
-        emit.add("qm.actions", uid, ActionEvict(
-            workload_uid=uid, namespace=entry["namespace"], name=entry["name"], kind="Job",
-            reason=ActionEvict.PODS_READY_TIMEOUT, grace_period_s=0),
-            identity=(uid, entry["reserved_at"], entry.get("attempt", 0), "stop"))
+        _stop_job(emit, uid, entry["namespace"], entry["name"], ActionEvict.PODS_READY_TIMEOUT,
+                  identity=(uid, entry["reserved_at"], entry.get("attempt", 0), "stop"))
         if expiries >= ctx.max_expiries:
             emit.add(
                 "qm.workloads",
@@ -495,9 +493,7 @@ def _stop_if_never_admitted(state: dict, uid: str, emit: _Emitter) -> None:
     if waiting is None or waiting["attempts"] or waiting.get("stopped"):
         return
     waiting["stopped"] = True
-    emit.add("qm.actions", uid, ActionEvict(
-        workload_uid=uid, namespace=waiting["namespace"], name=waiting["name"], kind="Job",
-        reason=ActionEvict.NOT_ADMITTED, grace_period_s=0), identity=(uid, "not-admitted"))
+    _stop_job(emit, uid, waiting["namespace"], waiting["name"], ActionEvict.NOT_ADMITTED, identity=(uid, "not-admitted"))
 
 
 def _stop_rejected(uid: str, namespace: str, name: str, started_at: str, emit: _Emitter) -> None:
@@ -506,9 +502,14 @@ def _stop_rejected(uid: str, namespace: str, name: str, started_at: str, emit: _
     Job it has not admitted (ADR 0065). Once per start of it: a Job unsuspended again is stopped
     again, and the pods of one start share its time (at worst a few stops, which the watcher
     answers "already suspended")."""
-    emit.add("qm.actions", uid, ActionEvict(
-        workload_uid=uid, namespace=namespace, name=name, kind="Job", reason=ActionEvict.NOT_ADMITTED,
-        grace_period_s=0), identity=(uid, "rejected", started_at))
+    _stop_job(emit, uid, namespace, name, ActionEvict.NOT_ADMITTED, identity=(uid, "rejected", started_at))
+
+
+def _stop_job(emit: _Emitter, uid: str, namespace: str, name: str, reason: str, *, identity: tuple) -> None:
+    """The queue-manager's own stop of a workload's Job (ADR 0062, 0065): an Evict without grace,
+    since nothing ran on quota that could checkpoint."""
+    emit.add("qm.actions", uid, ActionEvict(workload_uid=uid, namespace=namespace, name=name, kind="Job",
+                                            reason=reason, grace_period_s=0), identity=identity)
 
 
 def _track_pod(state: dict, pod: PodRunning | PodFinished) -> None:

@@ -370,7 +370,7 @@ def pod_observations(pod: Mapping[str, Any], deleted: bool = False, *, observed_
     phase = status.get("phase")
     uid = meta["uid"]
     node = spec.get("nodeName")
-    queue = (meta.get("labels") or {}).get(QUEUE_NAME_LABEL) or owner_queue
+    queue = queue_label(pod) or owner_queue
     common = {"uid": uid, "workload_uid": workload_uid, "namespace": meta.get("namespace", ""),
               "name": meta.get("name", ""), "node": node, "queue_name": queue, "workload_name": workload_name}
     out: list[Observation] = []

@@ -416,7 +416,7 @@ class Watcher:
                 if len(self._gone_job_queues) > GONE_JOBS_KEPT:
                     del self._gone_job_queues[next(iter(self._gone_job_queues))]
         else:
-            slim = _slim(res.plural if not res.group.endswith("volcano.sh") else "", obj)
+            slim = _slim(kind, obj)
             if slim is not None:
                 entry["last"] = slim
         if res == NAMESPACES:
@@ -432,8 +432,7 @@ class Watcher:
         by it; without it the queue-manager never saw a real Job's pods run (ADR 0064). A Job
         the watcher has not seen yet (each resource has its own watch) is listed and reported
         first, as a Namespace is. None for a pod of no Job, or of a Job that is gone."""
-        labels = (pod.get("metadata") or {}).get("labels") or {}
-        if labels.get(normalize.QUEUE_NAME_LABEL):
+        if normalize.queue_label(pod):
             return None  # the pod's own label routes it
         workload_uid, workload_name = normalize.pod_workload(pod)
         if not workload_uid:
