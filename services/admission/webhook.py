@@ -9,6 +9,7 @@
   one `[constraint] message` line per violation (Gatekeeper's wording); warn →
   `allowed: true` with `warnings`; dryrun → `allowed: true`, counted in
   `qm_admission_violations_total{enforcement_action="dryrun"}` and logged only.
+  Before the policies, an UPDATE that changes a Job's queue-name label is refused (ADR 0067).
 * `/mutate` suspends a batch/v1 Job carrying `kueue.x-k8s.io/queue-name` on CREATE (JSONPatch
   `spec.suspend = true`), as Kueue's Job webhook does, so nothing starts before admission.
 * `/healthz`, `/readyz`, `/metrics`.
@@ -115,6 +116,12 @@ def make_app(
         if isinstance(req, str):
             metrics.requests.labels("validate", "bad_request").inc()
             return _bad_request(req)
+        refusal = queue_change_refusal(req)  # not a policy: enforced with or without a policy set
+        if refusal:
+            metrics.requests.labels("validate", "denied").inc()
+            metrics.duration.labels("validate").observe(time.perf_counter() - t0)
+            return _review({"uid": req["uid"], "allowed": False,
+                            "status": {"code": 422, "reason": "Invalid", "message": refusal}})
         policy_set = policy_set_provider()
         if policy_set is None:
             raise web.HTTPServiceUnavailable(text="no policy set loaded yet")
@@ -203,6 +210,46 @@ def make_app(
     app.router.add_get("/metrics", metrics_handler)
     app[METRICS_KEY] = metrics
     return app
+
+
+_QUEUED_KINDS = {("batch", "Job"): "Job", ("batch.volcano.sh", "Job"): "Volcano Job"}
+
+
+def queue_change_refusal(req: dict[str, Any]) -> str | None:
+    """Why an UPDATE may not change a Job's queue-name label, or None (ADR 0067).
+
+    Kueue's Job webhook refuses any change of the label while the Job runs (is not suspended).
+    Quartermaster also refuses a change or removal once the label is set, suspended or not: the
+    workload is the Job's uid, submitted once, and its quota is queued or held in that queue's
+    cohort, so the watcher keeps the Job there until it ends whatever the label says later.
+    Refusing says so to the user instead of ignoring the edit. Adding the label to a suspended
+    Job is a first submission and allowed; to a running one (a Volcano Job always runs) it is
+    refused, as in Kueue."""
+    if req.get("operation") != "UPDATE":
+        return None
+    obj, old = req.get("object") or {}, req.get("oldObject") or {}
+    kind = req.get("kind") or {}
+    group = kind.get("group") if kind else str(obj.get("apiVersion", "")).partition("/")[0]
+    what = _QUEUED_KINDS.get((group or "", kind.get("kind") or obj.get("kind") or ""))
+    if what is None:
+        return None
+    before = ((old.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL) or None
+    after = ((obj.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL) or None
+    if before == after:
+        return None
+    meta = obj.get("metadata") or old.get("metadata") or {}
+    job = f"{what} {req.get('namespace') or meta.get('namespace', '')}/{meta.get('name', '')}"
+    if before:
+        change = f"changed to {after!r}" if after else "removed"
+        return (f"{job}: the label {QUEUE_LABEL} cannot be {change} once set (it is {before!r}): the Job's "
+                f"quota is queued or held in {before!r} until the Job ends. To move it to another queue, "
+                f"delete the Job and create it again with the new label.")
+    suspended = what == "Job" and (obj.get("spec") or {}).get("suspend") is True
+    if suspended:
+        return None
+    return (f"{job}: the label {QUEUE_LABEL}={after!r} cannot be added while the Job runs (it is not "
+            f"suspended), or its pods would run outside the queue's quota. Suspend the Job first "
+            f"(spec.suspend: true), or create it again with the label.")
 
 
 def suspend_patch(req: dict[str, Any]) -> list[dict[str, Any]]:

@@ -31,6 +31,7 @@ def _register() -> None:
         simulate_cmd,
         status_cmd,
         topics_cmd,
+        webhook_cmd,
     )
 
     topics_cmd.register(app)
@@ -41,6 +42,7 @@ def _register() -> None:
     demo_cmd.register(app)
     explain_cmd.register(app)
     status_cmd.register(app)
+    webhook_cmd.register(app)
 
 
 def main() -> None:

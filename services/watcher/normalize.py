@@ -227,12 +227,14 @@ def _submitted(meta: Mapping[str, Any], queue: str, pod_sets: list[dict[str, Any
                        event=_event(record, (uid, ONCE), created), fact=(WORKLOAD_SUBMITTED,))
 
 
-def workload_submitted(job: Mapping[str, Any]) -> Observation | None:
+def workload_submitted(job: Mapping[str, Any], queue: str | None = None) -> Observation | None:
     """A batch/v1 Job that carries the queue-name label -> workload.submitted.v1, else None.
-    One pod set: count = min(parallelism, completions); requests per pod from the template."""
+    One pod set: count = min(parallelism, completions); requests per pod from the template.
+    `queue`, when given, is the queue the Job was first reported under and stands for the label
+    (ADR 0067)."""
     meta = _meta(job)
     labels = meta.get("labels") or {}
-    queue = labels.get(QUEUE_NAME_LABEL)
+    queue = queue or labels.get(QUEUE_NAME_LABEL)
     if not queue:
         return None
     spec = job.get("spec") or {}
@@ -248,13 +250,14 @@ def workload_submitted(job: Mapping[str, Any]) -> Observation | None:
                       labels.get(PRIORITY_CLASS_LABEL) or pod_spec.get("priorityClassName"))
 
 
-def volcano_job_submitted(vcjob: Mapping[str, Any]) -> Observation | None:
+def volcano_job_submitted(vcjob: Mapping[str, Any], queue: str | None = None) -> Observation | None:
     """A Volcano Job (batch.volcano.sh/v1alpha1) with the queue-name label -> workload.submitted.v1,
     one pod set per task (replicas, the task template's requests). A gang minimum below the
-    total (minAvailable) becomes min_count on the first pod set, the others counted whole."""
+    total (minAvailable) becomes min_count on the first pod set, the others counted whole.
+    `queue` as for `workload_submitted`."""
     meta = _meta(vcjob)
     labels = meta.get("labels") or {}
-    queue = labels.get(QUEUE_NAME_LABEL)
+    queue = queue or labels.get(QUEUE_NAME_LABEL)
     if not queue:
         return None
     spec = vcjob.get("spec") or {}
@@ -294,7 +297,7 @@ _VOLCANO_ENDS = {"Completed": True, "Failed": False, "Terminated": False, "Abort
 
 
 def workload_finished(job: Mapping[str, Any], *, deleted: bool = False, volcano: bool = False,
-                      observed_at: str = "") -> Observation | None:
+                      observed_at: str = "", queue: str | None = None) -> Observation | None:
     """workload.finished.v1 once a queue-labelled Job has finished: a batch/v1 Job with its
     Complete or Failed condition true (a Volcano Job in a terminal phase), or one deleted before
     that (Kueue deletes a deleted Job's Workload, and its quota goes back). None while it runs
@@ -302,9 +305,10 @@ def workload_finished(job: Mapping[str, Any], *, deleted: bool = False, volcano:
 
     Without this fact the queue-manager never released a real Job's quota (the simulated
     clusters emit it themselves; ADR 0064). Its id is the Job's uid and "once": the deletion of a
-    Job that had finished says the same fact again, and readers drop the copy."""
+    Job that had finished says the same fact again, and readers drop the copy. `queue` as for
+    `workload_submitted`: a Job whose label was removed while it ran still ends in its queue."""
     meta = _meta(job)
-    queue = queue_label(job)
+    queue = queue or queue_label(job)
     if not queue:
         return None
     status = job.get("status") or {}
@@ -472,16 +476,20 @@ def action_outcome(action: Mapping[str, Any], outcome: str, message: str, *, occ
 
 
 def observe(kind: str, obj: Mapping[str, Any], flavors: Mapping[str, Flavor], *, deleted: bool = False,
-            observed_at: str = "", owner_queue: str | None = None) -> list[Observation]:
+            observed_at: str = "", owner_queue: str | None = None, job_queue: str | None = None
+            ) -> list[Observation]:
     """Dispatch by resource kind: "pods", "jobs" (batch/v1), "vcjobs" (Volcano), "nodes",
     "namespaces". Kueue Workloads are watched but not turned into events: in a Kueue cluster
-    they mirror the Jobs already reported, and reporting both would submit each workload twice."""
+    they mirror the Jobs already reported, and reporting both would submit each workload twice.
+    `owner_queue`: a pod's Job's queue; `job_queue`: the queue a Job was first reported under."""
     if kind == "pods":
         return pod_observations(obj, deleted=deleted, observed_at=observed_at, owner_queue=owner_queue)
     if kind in ("jobs", "vcjobs"):
         volcano = kind == "vcjobs"
-        submitted = None if deleted else (volcano_job_submitted(obj) if volcano else workload_submitted(obj))
-        finished = workload_finished(obj, deleted=deleted, volcano=volcano, observed_at=observed_at)
+        submitted = None if deleted else (volcano_job_submitted(obj, job_queue) if volcano
+                                          else workload_submitted(obj, job_queue))
+        finished = workload_finished(obj, deleted=deleted, volcano=volcano, observed_at=observed_at,
+                                     queue=job_queue)
         return [o for o in (submitted, finished) if o is not None]
     if kind == "nodes":
         return [node_capacity(obj, flavors, deleted=deleted, observed_at=observed_at)]

@@ -395,12 +395,13 @@ class Watcher:
         uid = obj["metadata"]["uid"]
         kind = res.plural if not res.group.endswith("volcano.sh") else "vcjobs"
         owner_queue = await self._queue_of_owner(obj) if kind == "pods" else None
-        observations = normalize.observe(kind, obj, self.flavors, deleted=deleted, observed_at=self.clock(),
-                                         owner_queue=owner_queue)
         objects = self.state.objects.setdefault(res.key, {})
         entry = objects.setdefault(uid, {"facts": {}})
+        job_queue = None
         if kind in ("jobs", "vcjobs"):
-            entry["queue"] = normalize.queue_label(obj)  # for its pods' facts (_queue_of_owner)
+            job_queue = entry["queue"] = self._kept_queue(entry, obj)  # also for its pods' facts
+        observations = normalize.observe(kind, obj, self.flavors, deleted=deleted, observed_at=self.clock(),
+                                         owner_queue=owner_queue, job_queue=job_queue)
         for o in observations:
             d = _digest(o.fact)
             if entry["facts"].get(o.event_type) == d:
@@ -425,6 +426,22 @@ class Watcher:
             else:
                 self._namespaces().add(obj["metadata"].get("name", ""))
         self._dirty.set()
+
+    @staticmethod
+    def _kept_queue(entry: dict[str, Any], job: dict[str, Any]) -> str | None:
+        """The queue a Job was first reported under, kept for its whole life (ADR 0067): its
+        quota is queued or held in that queue's cohort, so its pods' facts and its end must go
+        there even if the label is changed or removed later (the webhook refuses that, Kueue's
+        rule; without the webhook the watcher is the last line). Before, a Job whose label was
+        removed while it ran never finished, and its quota stayed taken."""
+        kept, label = entry.get("queue"), normalize.queue_label(job)
+        if kept and label != kept and entry.get("relabelled") != label:
+            entry["relabelled"] = label  # warned once per new label
+            meta = job.get("metadata") or {}
+            log.warning("Job %s/%s: its queue-name label changed from %r to %r after it was submitted; it stays "
+                        "in %r until it ends (to move a Job, delete it and create it again with the new label)",
+                        meta.get("namespace"), meta.get("name"), kept, label, kept)
+        return kept or label
 
     async def _queue_of_owner(self, pod: dict[str, Any]) -> str | None:
         """The queue-name label of the Job that owns `pod`, when the pod does not carry it: a

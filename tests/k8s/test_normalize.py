@@ -179,6 +179,20 @@ def test_a_job_deleted_before_it_finished_is_a_failed_workload():
     assert n.observe("jobs", unlabelled, {}) == [] and n.observe("jobs", unlabelled, {}, deleted=True) == []
 
 
+@pytest.mark.parametrize("label", [None, "other-queue"])
+def test_a_job_relabelled_after_submission_stays_in_its_first_queue(label):
+    """ADR 0067: the watcher passes the queue it first reported a Job under; it stands for the
+    label, removed or changed later, in the Job's submission and its end."""
+    relabelled = ended(job(suspend=False), "Complete")
+    if label is None:
+        del relabelled["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
+    else:
+        relabelled["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = label
+    submitted, finished = n.observe("jobs", relabelled, {}, job_queue="team-ml")
+    assert valid(submitted)["queue_name"] == "team-ml" and valid(finished)["queue_name"] == "team-ml"
+    assert submitted.event_id == n.observe("jobs", job(), {})[0].event_id  # the same submission
+
+
 @pytest.mark.parametrize("phase,succeeded", [("Completed", True), ("Failed", False), ("Aborted", False),
                                              ("Running", None), ("Pending", None)])
 def test_a_volcano_job_in_a_terminal_phase_is_a_finished_workload(phase, succeeded):

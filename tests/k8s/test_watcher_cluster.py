@@ -494,6 +494,40 @@ async def test_a_job_unsuspended_before_admission_is_stopped_at_once_with_its_te
         await w.stop()
 
 
+async def test_a_job_whose_queue_label_is_removed_while_it_runs_still_ends_in_its_queue(
+        admin: Kube, watcher_kube: Kube):
+    """ADR 0067: the label of a running Job is removed (the webhook refuses that; here there is
+    none). Its quota is held in team-ml's cohort, so its pods' facts and its end still name
+    team-ml. Before, its pods carried no queue and no finish came: its quota stayed taken."""
+    log = EventLog()
+    w = await start_watcher(watcher_kube, log, flavors=A100)
+    actuator = Actuator(watcher_kube, log, flavors=A100)
+    try:
+        name = f"unlabelled-{uuid.uuid4().hex[:6]}"
+        await apply(admin, gpu_job(name, NS, pods=2, gpus_per_pod=1, run_s=4))
+        uid = (await admin.get(job_path(name)))["metadata"]["uid"]
+        await wait_until(lambda: latest_by(log, normalize.WORKLOAD_SUBMITTED, "uid").get(uid), 30,
+                         what="the Job submitted")
+        assert (await actuator.apply(admit_action(uid, NS, name, node_selector={"gpu.nvidia.com/class": "a100"}))).outcome == APPLIED
+        await admin.request("PATCH", job_path(name),
+                            body={"metadata": {"labels": {"kueue.x-k8s.io/queue-name": None}}},
+                            content_type="application/merge-patch+json")
+        assert "kueue.x-k8s.io/queue-name" not in (await admin.get(job_path(name)))["metadata"].get("labels", {})
+
+        def of_it(kind):
+            return [e["payload"] for e in log.events(kind) if uid in (e["payload"].get("workload_uid"),
+                                                                      e["payload"].get("uid"))]
+
+        await wait_until(lambda: of_it(normalize.WORKLOAD_FINISHED), 90, what="the Job's end")
+        await wait_until(lambda: len(of_it(normalize.POD_FINISHED)) == 2, 30, what="both pods' ends")
+    finally:
+        await w.stop()
+    (finished,) = of_it(normalize.WORKLOAD_FINISHED)
+    assert finished["queue_name"] == "team-ml" and finished["succeeded"] is True
+    assert {p["queue_name"] for p in of_it(normalize.POD_RUNNING) + of_it(normalize.POD_FINISHED)} == {"team-ml"}
+    assert len(of_it(normalize.WORKLOAD_SUBMITTED)) == 1  # the label's removal is no new submission
+
+
 async def test_partial_admission_runs_the_admitted_pods_and_an_eviction_restores_the_parallelism(
         admin: Kube, watcher_kube: Kube):
     """Kueue's partial admission (job-min-parallelism): quota for 2 of the Job's 4 pods. The Job

@@ -9,7 +9,7 @@ import ssl
 import aiohttp
 import pytest
 
-from services.admission.webhook import make_app, serve
+from services.admission.webhook import make_app, queue_change_refusal, serve
 from services.policy import PolicySet
 from services.policy.live import StaticLiveState
 from services.policy.loader import Document
@@ -185,6 +185,60 @@ async def test_mutate_suspends_queued_jobs_on_create(webhook, obj, operation, pa
     else:
         assert resp["patchType"] == "JSONPatch"
         assert json.loads(base64.b64decode(resp["patch"])) == patch
+
+
+def update(old, new):
+    r = review(new, "UPDATE")
+    r["request"]["oldObject"] = old
+    return r
+
+
+@pytest.mark.parametrize(
+    "old, new, refused",
+    [
+        (job("ml-team", suspend=False), job("ml-team", suspend=False, queue=None), "cannot be removed once set"),
+        (job("ml-team", suspend=False), job("ml-team", suspend=False, queue="other"),
+         "cannot be changed to 'other' once set"),
+        (job("ml-team", suspend=True), job("ml-team", suspend=True, queue="other"), "cannot be changed"),  # Kueue allows
+        (job("ml-team", suspend=False, queue=None), job("ml-team", suspend=False), "cannot be added while the Job runs"),
+        (job("ml-team", suspend=True, queue=None), job("ml-team", suspend=True), None),  # a first submission
+        (job("ml-team", suspend=True), job("ml-team", suspend=False), None),  # the queue-manager's admit
+        (job("ml-team", queue=None), job("ml-team", queue=None), None),
+    ],
+)
+def test_a_jobs_queue_label_is_fixed_once_set(old, new, refused):
+    """ADR 0067: the watcher keeps a Job in the queue it was submitted to; the webhook says so."""
+    message = queue_change_refusal(update(old, new)["request"])
+    if refused is None:
+        assert message is None
+    else:
+        assert refused in message and "Job ml-team/train" in message
+    assert queue_change_refusal(review(new, "CREATE")["request"]) is None
+
+
+def test_a_volcano_jobs_queue_label_cannot_be_added_either():
+    """A Volcano Job has no suspend: it always runs, so the label can be neither added nor changed."""
+    vc = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": "vc", "namespace": "ml-team"}}
+    labelled = {**vc, "metadata": {**vc["metadata"], "labels": {"kueue.x-k8s.io/queue-name": "team-ml"}}}
+    req = {"operation": "UPDATE", "kind": {"group": "batch.volcano.sh", "version": "v1alpha1", "kind": "Job"},
+           "namespace": "ml-team", "object": labelled, "oldObject": vc}
+    assert "Volcano Job ml-team/vc" in queue_change_refusal(req) and "cannot be added" in queue_change_refusal(req)
+    assert "cannot be removed" in queue_change_refusal({**req, "object": vc, "oldObject": labelled})
+
+
+async def test_a_queue_label_change_is_refused_over_https_even_before_policies_load(tls_files):
+    cert, key = tls_files
+    port = free_port()
+    runner = await serve(make_app(lambda: None, LIVE), "127.0.0.1", port, cert, key)
+    try:
+        ctx = ssl.create_default_context(cafile=str(cert))
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as session:
+            body = update(job("ml-team", suspend=False), job("ml-team", suspend=False, queue=None))
+            resp = (await post(session, f"https://127.0.0.1:{port}/validate", body))["response"]
+    finally:
+        await runner.cleanup()
+    assert resp["allowed"] is False and resp["status"]["code"] == 422
+    assert "delete the Job and create it again" in resp["status"]["message"]
 
 
 async def test_health_ready_and_bad_requests(webhook):
