@@ -10,8 +10,9 @@
   `allowed: true` with `warnings`; dryrun → `allowed: true`, counted in
   `qm_admission_violations_total{enforcement_action="dryrun"}` and logged only.
   Before the policies, an UPDATE that changes a Job's queue-name label is refused (ADR 0067).
-* `/mutate` suspends a batch/v1 Job carrying `kueue.x-k8s.io/queue-name` on CREATE (JSONPatch
-  `spec.suspend = true`), as Kueue's Job webhook does, so nothing starts before admission.
+* `/mutate` holds what carries `kueue.x-k8s.io/queue-name` on CREATE, so nothing starts before
+  admission: a batch/v1 Job is suspended (JSONPatch `spec.suspend = true`), as Kueue's Job webhook
+  does; a Volcano Job's task templates get the label, and its pods a scheduling gate (ADR 0068).
 * `/healthz`, `/readyz`, `/metrics`.
 
 This is a fast *early* reject from a local replica; the race-free quota check is the
@@ -177,7 +178,7 @@ def make_app(
             metrics.requests.labels("mutate", "bad_request").inc()
             return _bad_request(req)
         response: dict[str, Any] = {"uid": req["uid"], "allowed": True}
-        patch = suspend_patch(req)
+        patch = mutation_patch(req)
         if patch:
             response["patchType"] = "JSONPatch"
             response["patch"] = base64.b64encode(orjson.dumps(patch)).decode()
@@ -252,24 +253,84 @@ def queue_change_refusal(req: dict[str, Any]) -> str | None:
             f"(spec.suspend: true), or create it again with the label.")
 
 
-def suspend_patch(req: dict[str, Any]) -> list[dict[str, Any]]:
-    """JSONPatch suspending a new batch/v1 Job that names a Kueue queue; [] otherwise."""
+# The scheduling gate that holds a Volcano Job's pods until the queue-manager admits it (ADR 0068).
+ADMISSION_GATE = "quartermaster.dev/admission"
+VOLCANO_GROUP = "batch.volcano.sh"
+
+
+def mutation_patch(req: dict[str, Any]) -> list[dict[str, Any]]:
+    """The JSONPatch that holds a new queued workload until it is admitted; [] for anything else.
+
+    * a batch/v1 Job: `spec.suspend = true`, as Kueue's Job webhook does;
+    * a Volcano Job, which has no suspend: the queue-name label copied into each task's pod
+      template, so its pods carry it;
+    * a pod of a Volcano Job that carries the label: the scheduling gate `quartermaster.dev/admission`,
+      which the watcher lifts when the queue-manager admits the Job (Kueue holds plain pods so)."""
     if req.get("operation") != "CREATE":
         return []
     obj = req.get("object") or {}
     kind = req.get("kind") or {}
-    group = kind.get("group") if kind else str(obj.get("apiVersion", "")).partition("/")[0]
-    if (kind.get("kind") or obj.get("kind")) != "Job" or group != "batch":
+    api = str(obj.get("apiVersion", ""))
+    group = kind.get("group") if kind else (api.partition("/")[0] if "/" in api else "")
+    kind_name = kind.get("kind") or obj.get("kind")
+    queue = ((obj.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL)
+    if not queue:
         return []
-    labels = (obj.get("metadata") or {}).get("labels") or {}
-    if not labels.get(QUEUE_LABEL):
-        return []
-    spec = obj.get("spec")
+    if (group, kind_name) == ("batch", "Job"):
+        return _suspend_patch(obj)
+    if (group, kind_name) == (VOLCANO_GROUP, "Job"):
+        return _label_tasks_patch(obj, queue)
+    if (group, kind_name) == ("", "Pod") and _volcano_owned(obj):
+        return _gate_patch(obj)
+    return []
+
+
+def _suspend_patch(job: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = job.get("spec")
     if isinstance(spec, dict) and spec.get("suspend") is True:
         return []
     if not isinstance(spec, dict):
         return [{"op": "add", "path": "/spec", "value": {"suspend": True}}]
     return [{"op": "add", "path": "/spec/suspend", "value": True}]
+
+
+def _label_tasks_patch(vcjob: dict[str, Any], queue: str) -> list[dict[str, Any]]:
+    patch: list[dict[str, Any]] = []
+    tasks = (vcjob.get("spec") or {}).get("tasks")
+    for i, task in enumerate(tasks if isinstance(tasks, list) else []):
+        at = f"/spec/tasks/{i}/template"
+        template = task.get("template") if isinstance(task, dict) else None
+        if not isinstance(template, dict):
+            patch.append({"op": "add", "path": at, "value": {"metadata": {"labels": {QUEUE_LABEL: queue}}}})
+            continue
+        meta = template.get("metadata")
+        if not isinstance(meta, dict):
+            patch.append({"op": "add", "path": f"{at}/metadata", "value": {"labels": {QUEUE_LABEL: queue}}})
+        elif not isinstance(meta.get("labels"), dict):
+            patch.append({"op": "add", "path": f"{at}/metadata/labels", "value": {QUEUE_LABEL: queue}})
+        elif meta["labels"].get(QUEUE_LABEL) != queue:
+            patch.append({"op": "add", "path": f"{at}/metadata/labels/{QUEUE_LABEL.replace('/', '~1')}",
+                          "value": queue})
+    return patch
+
+
+def _volcano_owned(pod: dict[str, Any]) -> bool:
+    refs = (pod.get("metadata") or {}).get("ownerReferences") or []
+    return any(r.get("controller") and r.get("kind") == "Job"
+               and str(r.get("apiVersion", "")).startswith(VOLCANO_GROUP + "/") for r in refs)
+
+
+def _gate_patch(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = pod.get("spec")
+    gate = {"name": ADMISSION_GATE}
+    if not isinstance(spec, dict):
+        return [{"op": "add", "path": "/spec", "value": {"schedulingGates": [gate]}}]
+    gates = spec.get("schedulingGates")
+    if not isinstance(gates, list):
+        return [{"op": "add", "path": "/spec/schedulingGates", "value": [gate]}]
+    if any(isinstance(g, dict) and g.get("name") == ADMISSION_GATE for g in gates):
+        return []
+    return [{"op": "add", "path": "/spec/schedulingGates/-", "value": gate}]
 
 
 def ssl_context(cert_file: str | Path, key_file: str | Path) -> ssl.SSLContext:

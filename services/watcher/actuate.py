@@ -10,6 +10,13 @@
   clear its status.startTime and restore the template, Kueue-style (three writes).
 * ``action.cleanup.v1`` delete the Job (background propagation: its pods go too).
 
+A Volcano Job has no suspend. The admission webhook labels its task templates and puts a
+scheduling gate on its pods (ADR 0068); Admit records the placement on the Volcano Job and lifts
+the gate of each of its pods, adding the flavor's nodeSelector and tolerations (what a gated pod
+may still be given), and pods made later are released as the watcher sees them
+(``release_if_admitted``). Evict takes the record away, then deletes the running pods after the
+grace period: Volcano makes them again, and the webhook gates them.
+
 Every action is idempotent (re-applying one that already took effect reports
 ``already-applied``), retried on 409 Conflict (re-read, re-apply) and on temporary errors, and
 reported back as an ``action.outcome.v1`` event whose id is derived from the action's id.
@@ -49,6 +56,14 @@ ANN_EVICT_REASON = ANN_PREFIX + "evict-reason"
 ANN_CHECKPOINT = ANN_PREFIX + "checkpoint-requested"
 ANN_EVICT_DEADLINE = ANN_PREFIX + "evict-deadline"
 ANN_ACTION_ID = ANN_PREFIX + "last-action-id"
+ANN_ADMITTED_PLACEMENT = ANN_PREFIX + "admitted-placement"  # on a Volcano Job: its pods' nodeSelector, tolerations
+
+VOLCANO = ("batch.volcano.sh", "v1alpha1", "jobs")
+VOLCANO_API = "batch.volcano.sh/v1alpha1"
+_UNHELD = ("a Volcano Job created without Quartermaster's mutating webhook (its task templates lack the "
+           "queue-name label, so its pods are not held by the admission gate): Volcano runs it whatever this "
+           "action says. Apply deploy/kubernetes/admission-webhook.yaml, which holds a queued Volcano Job's pods "
+           "until it is admitted, and create the Job again")
 
 APPLIED = "applied"
 ALREADY_APPLIED = "already-applied"
@@ -136,7 +151,7 @@ class Actuator:
                  extra={"event_id": aid, "workload_uid": p.get("workload_uid"), "decision": outcome})
         obs = normalize.action_outcome(action, outcome, message, occurred_at=_iso(self.now()))
         await self.sink(obs.topic, obs.key, obs.event)
-        await self._record_event(p, etype, outcome, message)
+        await self._record_event(p, etype, outcome, message, details.get("api_version", "batch/v1"))
         return ActionResult(obs, outcome, message, attempts, details)
 
     # ------------------------------------------------------------------ helpers
@@ -155,21 +170,82 @@ class Actuator:
             return None  # same name, another Job: the one the action meant is gone
         return job
 
-    async def _not_found(self, p: Mapping[str, Any]) -> str:
-        """Why an Admit or Evict found no batch/v1 Job: gone, or the workload is a Volcano Job,
-        which the watcher observes (the queue-manager queues it, the cost service bills it) but
-        cannot hold: batch.volcano.sh Jobs have no suspend. Listed by name, which the watcher's
-        list/watch permission allows where a get would need one more verb."""
+    async def _get_volcano_job(self, p: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The action's workload as a Volcano Job, or None (none of that name and uid, or the
+        CRD not served). Listed by name, which the watcher's list/watch permission allows."""
         try:
-            found = await self.kube.get(resource_path("batch.volcano.sh", "v1alpha1", "jobs", p["namespace"]),
+            found = await self.kube.get(resource_path(*VOLCANO, p["namespace"]),
                                         fieldSelector=f"metadata.name={p['name']}")
-        except KubeError:
-            return "job not found"  # Volcano's CRD not served, or not readable: nothing more to say
-        if not any(j["metadata"].get("uid") == p.get("workload_uid") for j in found.get("items") or []):
-            return "job not found"
-        return ("a Volcano Job (batch.volcano.sh/v1alpha1): Quartermaster judges, queues and bills it, but holds, "
-                "pins and stops batch/v1 Jobs only; a Volcano Job has no suspend, so Volcano's scheduler runs it "
-                "whatever this action said")
+        except KubeError as e:
+            if e.temporary:
+                raise
+            return None  # Volcano's CRD not served, or not readable
+        for vcjob in found.get("items") or []:
+            if vcjob["metadata"].get("uid") == p.get("workload_uid"):
+                return vcjob
+        return None
+
+    @staticmethod
+    def _held_by_gates(vcjob: Mapping[str, Any]) -> bool:
+        """Whether the webhook labelled every task template, so the Job's pods come gated."""
+        tasks = (vcjob.get("spec") or {}).get("tasks") or []
+        return bool(tasks) and all(
+            (((t.get("template") or {}).get("metadata") or {}).get("labels") or {}).get(normalize.QUEUE_NAME_LABEL)
+            for t in tasks)
+
+    async def _volcano_pods(self, vcjob: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The Volcano Job's pods (Volcano labels them with the Job's name; the owner decides)."""
+        listed = await self.kube.get(resource_path("", "v1", "pods", vcjob["metadata"]["namespace"]),
+                                     labelSelector=f"volcano.sh/job-name={vcjob['metadata']['name']}")
+        uid = vcjob["metadata"]["uid"]
+        return [pod for pod in listed.get("items") or [] if (normalize.volcano_owner(pod) or ("",))[0] == uid]
+
+    async def _release(self, pod: Mapping[str, Any], placement: Mapping[str, Any]) -> bool:
+        """Lift the admission gate of one held pod and pin it where its Job was admitted (a gated
+        pod's nodeSelector may only gain keys; tolerations may be added to any pod). One
+        strategic-merge patch, so a second release of the same pod changes nothing."""
+        if not normalize.admission_gated(pod):
+            return False
+        spec = pod.get("spec") or {}
+        selector = spec.get("nodeSelector") or {}
+        clash = {k: v for k, v in (placement.get("nodeSelector") or {}).items() if k in selector and selector[k] != v}
+        if clash:
+            raise _Invalid(f"pod {pod['metadata']['name']} asks for nodeSelector "
+                           f"{ {k: selector[k] for k in clash} }, the admitted flavor for {clash}")
+        tolerations = list(spec.get("tolerations") or [])
+        tolerations += [t for t in placement.get("tolerations") or () if t not in tolerations]
+        body: dict[str, Any] = {"spec": {"schedulingGates": [{"$patch": "delete", "name": normalize.ADMISSION_GATE}],
+                                         "nodeSelector": {**selector, **(placement.get("nodeSelector") or {})}}}
+        if tolerations:
+            body["spec"]["tolerations"] = tolerations
+        try:
+            await self.kube.request("PATCH", resource_path("", "v1", "pods", pod["metadata"]["namespace"],
+                                                           pod["metadata"]["name"]),
+                                    body=body, content_type="application/strategic-merge-patch+json")
+        except KubeError as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
+    async def release_if_admitted(self, pod: Mapping[str, Any]) -> bool:
+        """Release a held pod whose Volcano Job is admitted: one made after the Admit (a late
+        controller, a restarted pod), or left held by a crash. The watcher calls it for each
+        gated pod it sees; False when the pod stays held."""
+        owner = normalize.volcano_owner(pod)
+        if owner is None or not normalize.admission_gated(pod):
+            return False
+        meta = pod.get("metadata") or {}
+        vcjob = await self._get_volcano_job({"namespace": meta.get("namespace", ""), "name": owner[1],
+                                             "workload_uid": owner[0]})
+        recorded = ((vcjob or {}).get("metadata", {}).get("annotations") or {}).get(ANN_ADMITTED_PLACEMENT)
+        if recorded is None:
+            return False
+        released = await self._release(pod, orjson.loads(recorded))
+        if released:
+            log.info("released held pod %s/%s of admitted Volcano Job %s", meta.get("namespace"), meta.get("name"),
+                     owner[1], extra={"workload_uid": owner[0]})
+        return released
 
     def _placement(self, p: Mapping[str, Any]) -> Flavor:
         """Where an Admit pins the workload: the action's node_selector/tolerations, else those
@@ -202,7 +278,10 @@ class Actuator:
     async def _admit(self, action: Mapping[str, Any], p: Mapping[str, Any]) -> tuple[str, str, dict]:
         job = await self._get_job(p)
         if job is None:
-            return NOT_FOUND, await self._not_found(p), {}
+            vcjob = await self._get_volcano_job(p)
+            if vcjob is None:
+                return NOT_FOUND, "job not found", {}
+            return await self._admit_volcano(action, p, vcjob)
         flavor = self._placement(p)
         meta = job["metadata"]
         anns = meta.setdefault("annotations", {})
@@ -240,43 +319,60 @@ class Actuator:
         return APPLIED, f"unsuspended with flavor {flavor.name}{partially}", {
             "flavor": flavor.name, "node_selector": pod_spec["nodeSelector"]}
 
-    async def _evict(self, action: Mapping[str, Any], p: Mapping[str, Any]) -> tuple[str, str, dict]:
-        job = await self._get_job(p)
-        if job is None:
-            return NOT_FOUND, await self._not_found(p), {}
-        if job["spec"].get("suspend", False):
-            return ALREADY_APPLIED, "job already suspended", {}
-        reason = p.get("reason") or "Preempted"
+    def _evict_signal(self, action: Mapping[str, Any], p: Mapping[str, Any], anns: Mapping[str, str]
+                      ) -> tuple[dict[str, str], datetime]:
+        """The eviction's annotations (reason, checkpoint request, deadline) and its deadline."""
         grace_s = float(p.get("grace_period_s", 30))
-        anns = job["metadata"].get("annotations") or {}
         if anns.get(ANN_ACTION_ID) == action.get("event_id") and ANN_EVICT_DEADLINE in anns:
             # Re-applied after a restart: keep the original deadline.
             deadline = datetime.strptime(anns[ANN_EVICT_DEADLINE], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
         else:
             deadline = self.now() + timedelta(seconds=grace_s)
-        signal = {ANN_EVICT_REASON: reason, ANN_CHECKPOINT: _iso(self.now()),
-                  ANN_EVICT_DEADLINE: _iso(deadline), ANN_ACTION_ID: action.get("event_id", "")}
-        if anns.get(ANN_ACTION_ID) != action.get("event_id"):
-            await self.kube.request("PATCH", self._job_path(p), body={"metadata": {"annotations": signal}},
-                                    content_type="application/merge-patch+json")
-        # The workload sees the signal through its pods (downward API volume of annotations).
-        pods = await self.kube.get(resource_path("", "v1", "pods", p["namespace"]),
-                                   labelSelector=f"batch.kubernetes.io/controller-uid={job['metadata']['uid']}")
+        return {ANN_EVICT_REASON: p.get("reason") or "Preempted", ANN_CHECKPOINT: _iso(self.now()),
+                ANN_EVICT_DEADLINE: _iso(deadline), ANN_ACTION_ID: action.get("event_id", "")}, deadline
+
+    async def _signal_pods(self, pods: list[dict[str, Any]], signal: Mapping[str, str]) -> int:
+        """Put the eviction's annotations on the live pods; the workload sees them through a
+        downward API volume and can checkpoint before the grace period ends."""
         signalled = 0
-        for pod in pods.get("items") or []:
+        for pod in pods:
             if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                 continue
             try:
                 await self.kube.request(
-                    "PATCH", resource_path("", "v1", "pods", p["namespace"], pod["metadata"]["name"]),
-                    body={"metadata": {"annotations": signal}}, content_type="application/merge-patch+json")
+                    "PATCH", resource_path("", "v1", "pods", pod["metadata"]["namespace"], pod["metadata"]["name"]),
+                    body={"metadata": {"annotations": dict(signal)}}, content_type="application/merge-patch+json")
                 signalled += 1
             except KubeError as e:
                 if e.status != 404:
                     raise
+        return signalled
+
+    async def _wait_until(self, deadline: datetime) -> None:
         wait_s = (deadline - self.now()).total_seconds()
         if wait_s > 0:
             await self.sleep(wait_s)
+
+    async def _evict(self, action: Mapping[str, Any], p: Mapping[str, Any]) -> tuple[str, str, dict]:
+        job = await self._get_job(p)
+        if job is None:
+            vcjob = await self._get_volcano_job(p)
+            if vcjob is None:
+                return NOT_FOUND, "job not found", {}
+            return await self._evict_volcano(action, p, vcjob)
+        if job["spec"].get("suspend", False):
+            return ALREADY_APPLIED, "job already suspended", {}
+        reason = p.get("reason") or "Preempted"
+        grace_s = float(p.get("grace_period_s", 30))
+        anns = job["metadata"].get("annotations") or {}
+        signal, deadline = self._evict_signal(action, p, anns)
+        if anns.get(ANN_ACTION_ID) != action.get("event_id"):
+            await self.kube.request("PATCH", self._job_path(p), body={"metadata": {"annotations": signal}},
+                                    content_type="application/merge-patch+json")
+        pods = await self.kube.get(resource_path("", "v1", "pods", p["namespace"]),
+                                   labelSelector=f"batch.kubernetes.io/controller-uid={job['metadata']['uid']}")
+        signalled = await self._signal_pods(pods.get("items") or [], signal)
+        await self._wait_until(deadline)
         # Suspend (re-read: the Job may have changed while we waited). The Job controller then
         # deletes the pods.
         while True:
@@ -294,6 +390,69 @@ class Actuator:
         restored = await self._restore_after_suspend(p)
         return APPLIED, f"suspended after {grace_s:g}s grace ({reason})", {
             "grace_period_s": grace_s, "signalled_pods": signalled, "scheduling_restored": restored}
+
+    async def _admit_volcano(self, action: Mapping[str, Any], p: Mapping[str, Any],
+                             vcjob: dict[str, Any]) -> tuple[str, str, dict]:
+        """Record where the Volcano Job was admitted, then release its held pods there."""
+        if not self._held_by_gates(vcjob):
+            return NOT_FOUND, _UNHELD, {}
+        flavor = self._placement(p)
+        placement = orjson.dumps({"nodeSelector": dict(flavor.node_labels),
+                                  "tolerations": [dict(t) for t in flavor.tolerations]}).decode()
+        anns = vcjob["metadata"].get("annotations") or {}
+        recorded = anns.get(ANN_ADMITTED_PLACEMENT) == placement
+        if not recorded or anns.get(ANN_ACTION_ID) != action.get("event_id"):
+            await self.kube.request(
+                "PATCH", resource_path(*VOLCANO, p["namespace"], p["name"]),
+                body={"metadata": {"annotations": {
+                    ANN_ADMITTED_FLAVOR: flavor.name, ANN_ADMITTED_PLACEMENT: placement,
+                    ANN_ACTION_ID: action.get("event_id", ""),
+                    ANN_EVICT_REASON: None, ANN_CHECKPOINT: None, ANN_EVICT_DEADLINE: None}}},
+                content_type="application/merge-patch+json")
+        released = 0
+        for pod in await self._volcano_pods(vcjob):
+            released += await self._release(pod, orjson.loads(placement))
+        details = {"flavor": flavor.name, "node_selector": dict(flavor.node_labels), "released_pods": released,
+                   "api_version": VOLCANO_API}
+        if recorded and not released:
+            return ALREADY_APPLIED, f"already admitted to {flavor.name}", details
+        return APPLIED, (f"released {released} held pod(s) of the Volcano Job with flavor {flavor.name}; "
+                         f"pods it makes later are released as they come"), details
+
+    async def _evict_volcano(self, action: Mapping[str, Any], p: Mapping[str, Any],
+                             vcjob: dict[str, Any]) -> tuple[str, str, dict]:
+        """Take the admission back first (pods made from now on stay held), signal the live
+        pods, and delete them after the grace period; Volcano makes them again, held."""
+        if not self._held_by_gates(vcjob):
+            return NOT_FOUND, _UNHELD, {}
+        anns = vcjob["metadata"].get("annotations") or {}
+        live = [pod for pod in await self._volcano_pods(vcjob) if not normalize.admission_gated(pod)
+                and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+        if ANN_ADMITTED_PLACEMENT not in anns and not live:
+            return ALREADY_APPLIED, "Volcano Job already held", {}
+        reason = p.get("reason") or "Preempted"
+        grace_s = float(p.get("grace_period_s", 30))
+        signal, deadline = self._evict_signal(action, p, anns)
+        await self.kube.request(
+            "PATCH", resource_path(*VOLCANO, p["namespace"], p["name"]),
+            body={"metadata": {"annotations": {**signal, ANN_ADMITTED_FLAVOR: None, ANN_ADMITTED_PLACEMENT: None}}},
+            content_type="application/merge-patch+json")
+        signalled = await self._signal_pods(live, signal)
+        await self._wait_until(deadline)
+        deleted = 0
+        for pod in await self._volcano_pods(vcjob):
+            if normalize.admission_gated(pod) or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            try:
+                await self.kube.request("DELETE", resource_path("", "v1", "pods", p["namespace"],
+                                                                pod["metadata"]["name"]))
+                deleted += 1
+            except KubeError as e:
+                if e.status != 404:
+                    raise
+        return APPLIED, (f"held after {grace_s:g}s grace ({reason}): {deleted} running pod(s) deleted; Volcano "
+                         f"makes them again, held until the Job is admitted again"), {
+            "grace_period_s": grace_s, "signalled_pods": signalled, "deleted_pods": deleted, "api_version": VOLCANO_API}
 
     async def _restore_after_suspend(self, p: Mapping[str, Any]) -> bool:
         """Put back the template's own nodeSelector/tolerations after stopping a Job, as Kueue
@@ -347,11 +506,15 @@ class Actuator:
 
     async def _cleanup(self, action: Mapping[str, Any], p: Mapping[str, Any]) -> tuple[str, str, dict]:
         job = await self._get_job(p)
+        path = self._job_path(p)
+        if job is None:
+            job = await self._get_volcano_job(p)
+            path = resource_path(*VOLCANO, p["namespace"], p["name"])
         if job is None:
             return ALREADY_APPLIED, "job already deleted", {}
         try:
             await self.kube.request(
-                "DELETE", self._job_path(p),
+                "DELETE", path,
                 body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background",
                       "preconditions": {"uid": job["metadata"]["uid"]}})
         except KubeError as e:
@@ -360,7 +523,8 @@ class Actuator:
             raise
         return APPLIED, "deleted", {}
 
-    async def _record_event(self, p: Mapping[str, Any], etype: str, outcome: str, message: str) -> None:
+    async def _record_event(self, p: Mapping[str, Any], etype: str, outcome: str, message: str,
+                            api_version: str = "batch/v1") -> None:
         """Also record the outcome as a Kubernetes Event on the Job, for kubectl describe."""
         if not p.get("namespace") or not p.get("name"):
             return
@@ -368,7 +532,7 @@ class Actuator:
         body = {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{p['name']}.qm-", "namespace": p["namespace"]},
-            "involvedObject": {"apiVersion": "batch/v1", "kind": "Job", "name": p["name"],
+            "involvedObject": {"apiVersion": api_version, "kind": "Job", "name": p["name"],
                                "namespace": p["namespace"], "uid": p.get("workload_uid")},
             "reason": {ADMIT: "QuartermasterAdmitted", EVICT: "QuartermasterEvicted",
                        CLEANUP: "QuartermasterCleanedUp"}.get(etype, "QuartermasterAction"),

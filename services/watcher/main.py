@@ -122,8 +122,10 @@ async def run(settings: WatcherSettings, sink: Sink,
     kube = make_kube(settings)
     flavors = load_flavors(settings.config_dir)
     store = FileStateStore(settings.state_path) if settings.state_path else MemoryStateStore()
-    watcher = Watcher(kube, sink, store, flavors=flavors, watch_timeout_s=settings.watch_timeout_s)
-    runner = ActionRunner(Actuator(kube, sink, flavors=flavors))
+    actuator = Actuator(kube, sink, flavors=flavors)
+    watcher = Watcher(kube, sink, store, flavors=flavors, watch_timeout_s=settings.watch_timeout_s,
+                      on_held_pod=actuator.release_if_admitted)
+    runner = ActionRunner(actuator)
     tasks = [asyncio.create_task(watcher.run_forever(), name="watcher"),
              asyncio.create_task(run_clock(sink, interval_s=settings.clock_interval_s), name="clock")]
     if action_source is not None:

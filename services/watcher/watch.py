@@ -190,8 +190,13 @@ class Watcher:
         watch_timeout_s: int = 240,
         page_size: int = 500,
         clock: Callable[[], str] = _now_iso,
+        on_held_pod: Callable[[dict[str, Any]], Awaitable[Any]] | None = None,
     ) -> None:
         self.kube = kube
+        # Called (in a task of its own, off the watch loop) with each pod that waits behind the
+        # admission gate: the actuator releases it if its Volcano Job is admitted (ADR 0068).
+        self.on_held_pod = on_held_pod
+        self._held_pod_tasks: set[asyncio.Task[Any]] = set()
         self.sink = sink
         self.store = store or MemoryStateStore()
         self.static_flavors = dict(flavors or {})
@@ -255,9 +260,9 @@ class Watcher:
 
     async def kill(self) -> None:
         """Cancel the loops without saving: what a crash leaves behind (the last periodic save)."""
-        for t in self._tasks:
+        for t in (*self._tasks, *self._held_pod_tasks):
             t.cancel()
-        for t in self._tasks:
+        for t in (*self._tasks, *self._held_pod_tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks.clear()
@@ -402,6 +407,10 @@ class Watcher:
             job_queue = entry["queue"] = self._kept_queue(entry, obj)  # also for its pods' facts
         observations = normalize.observe(kind, obj, self.flavors, deleted=deleted, observed_at=self.clock(),
                                          owner_queue=owner_queue, job_queue=job_queue)
+        if kind == "pods" and not deleted and self.on_held_pod is not None and normalize.admission_gated(obj):
+            task = asyncio.create_task(self._release_held_pod(obj), name=f"held pod {uid}")
+            self._held_pod_tasks.add(task)
+            task.add_done_callback(self._held_pod_tasks.discard)
         for o in observations:
             d = _digest(o.fact)
             if entry["facts"].get(o.event_type) == d:
@@ -426,6 +435,16 @@ class Watcher:
             else:
                 self._namespaces().add(obj["metadata"].get("name", ""))
         self._dirty.set()
+
+    async def _release_held_pod(self, pod: dict[str, Any]) -> None:
+        assert self.on_held_pod is not None
+        try:
+            await self.on_held_pod(pod)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the next change of the pod, or a re-list, tries again
+            meta = pod.get("metadata") or {}
+            log.warning("could not release held pod %s/%s: %r", meta.get("namespace"), meta.get("name"), e)
 
     @staticmethod
     def _kept_queue(entry: dict[str, Any], job: dict[str, Any]) -> str | None:
@@ -463,12 +482,18 @@ class Watcher:
             return None
         if workload_uid in self._gone_job_queues:
             return self._gone_job_queues[workload_uid]  # pods deleted after their Job
-        listed = await self.kube.get(JOBS.path,
-                                     fieldSelector=f"metadata.namespace={namespace},metadata.name={workload_name}")
+        owner = VOLCANO_JOBS if normalize.volcano_owner(pod) else JOBS
+        try:
+            listed = await self.kube.get(owner.path,
+                                         fieldSelector=f"metadata.namespace={namespace},metadata.name={workload_name}")
+        except KubeError as e:
+            if e.temporary or owner is JOBS:
+                raise
+            return None  # Volcano's CRD not served (or not readable): a pod of no workload of ours
         for job in listed.get("items") or []:
             if (job.get("metadata") or {}).get("uid") == workload_uid:
-                await self._observe(JOBS, job, deleted=False)
-                return normalize.queue_label(job)
+                await self._observe(owner, job, deleted=False)
+                return self.state.objects.get(owner.key, {}).get(workload_uid, {}).get("queue")
         return None
 
     def _namespaces(self) -> set[str]:

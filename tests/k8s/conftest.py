@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
-from k8s_harness import FIXTURES, KINDS, TESTCLUSTER, ClusterInfo, apply, load_yaml
+from k8s_harness import FIXTURES, KINDS, TESTCLUSTER, VOLCANO_CRD, ClusterInfo, apply, load_yaml
 
 from services.demo.stack import free_base_port
 from services.watcher.kube import Credentials, Kube, KubeError, api_client, resource_path
@@ -125,3 +125,26 @@ async def watcher_kube(cluster: ClusterInfo):
     kube = cluster.watcher()
     yield kube
     await kube.close()
+
+
+@pytest.fixture(scope="session")
+def volcano_jobs(cluster: ClusterInfo) -> str:
+    """Volcano's Job CRD, installed once (its controller is played by the tests); the path of
+    ml-team's Volcano Jobs. Never deleted: a CRD being deleted is still served for a while, so a
+    test installing it again right after raced that deletion, which then took its Jobs. Each test
+    deletes the Volcano Jobs it made, so no other test's watcher reports them."""
+
+    async def install() -> None:
+        kube = cluster.admin()
+        try:
+            await apply(kube, VOLCANO_CRD)
+            for _ in range(300):
+                if await kube.serves("batch.volcano.sh", "v1alpha1", "jobs"):
+                    return
+                await asyncio.sleep(0.1)
+            raise RuntimeError("Volcano's Job CRD was not served within 30 s")
+        finally:
+            await kube.close()
+
+    asyncio.run(install())
+    return resource_path("batch.volcano.sh", "v1alpha1", "jobs", "ml-team")

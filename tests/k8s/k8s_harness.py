@@ -290,3 +290,15 @@ def gpu_job(name: str, namespace: str, *, pods: int, gpus_per_pod: int, queue: s
             },
         },
     }
+
+
+VOLCANO_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "jobs.batch.volcano.sh"},
+    "spec": {"group": "batch.volcano.sh", "scope": "Namespaced",
+             "names": {"plural": "jobs", "singular": "job", "kind": "Job", "shortNames": ["vcjob"]},
+             "versions": [{"name": "v1alpha1", "served": True, "storage": True,
+                           "schema": {"openAPIV3Schema": {"type": "object",
+                                                          "x-kubernetes-preserve-unknown-fields": True}}}]},
+}
+

@@ -562,56 +562,65 @@ async def test_partial_admission_runs_the_admitted_pods_and_an_eviction_restores
         await w.stop()
 
 
-VOLCANO_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-    "metadata": {"name": "jobs.batch.volcano.sh"},
-    "spec": {"group": "batch.volcano.sh", "scope": "Namespaced",
-             "names": {"plural": "jobs", "singular": "job", "kind": "Job", "shortNames": ["vcjob"]},
-             "versions": [{"name": "v1alpha1", "served": True, "storage": True,
-                           "schema": {"openAPIV3Schema": {"type": "object",
-                                                          "x-kubernetes-preserve-unknown-fields": True}}}]},
-}
-
-
-async def test_actions_on_a_volcano_job_say_it_cannot_be_held(admin: Kube, watcher_kube: Kube):
-    """A Volcano Job with the queue label is queued and billed like a Job, but batch.volcano.sh
-    has no suspend: the watcher's answer to its Admit or Evict says so, where it said "job not
-    found" (what on-call read as a lost workload)."""
-    crds = resource_path("apiextensions.k8s.io", "v1", "customresourcedefinitions")
-    with contextlib.suppress(KubeError):
-        await admin.request("POST", crds, body=VOLCANO_CRD)
-    vcjobs = resource_path("batch.volcano.sh", "v1alpha1", "jobs", NS)
+async def test_a_volcano_pod_whose_job_was_not_seen_yet_gets_the_jobs_queue(admin: Kube, watcher_kube: Kube,
+                                                                            volcano_jobs: str):
+    """ADR 0064 for Volcano: a pod of a Volcano Job made without the webhook carries no queue
+    label; the watcher lists its Job by name (here it watches only pods, so the Job can come from
+    nowhere else), reports it first, and gives the pod its queue."""
+    log = EventLog()
+    w = await start_watcher(watcher_kube, log, resources=(Resource("pods"),))
+    name = f"vc-unseen-{uuid.uuid4().hex[:6]}"
     try:
-        await wait_until(lambda: admin.serves("batch.volcano.sh", "v1alpha1", "jobs"), 30, what="the CRD served")
-        name = f"vc-train-{uuid.uuid4().hex[:6]}"
+        vcjob = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+                 "metadata": {"name": name, "namespace": NS, "labels": {"kueue.x-k8s.io/queue-name": "team-ml"}},
+                 "spec": {"tasks": [{"name": "worker", "replicas": 1, "template": {"spec": {
+                     "containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}]}}
+        uid = (await admin.request("POST", volcano_jobs, body=vcjob))["metadata"]["uid"]
+        await admin.request("POST", resource_path("", "v1", "pods", NS), body={
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{name}-worker-0", "namespace": NS, "labels": {"volcano.sh/job-name": name},
+                         "ownerReferences": [{"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "name": name,
+                                              "uid": uid, "controller": True}]},
+            "spec": {"nodeName": "gpu-a100-0", "restartPolicy": "Never",
+                     "containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+        await wait_until(lambda: [e for e in log.events(normalize.POD_RUNNING) if e["payload"]["workload_uid"] == uid],
+                         60, what="the pod running")
+    finally:
+        await w.stop()
+        with contextlib.suppress(KubeError):
+            await admin.request("DELETE", f"{volcano_jobs}/{name}", query={"propagationPolicy": "Background"})
+    (submitted,) = [e for e in log.events(normalize.WORKLOAD_SUBMITTED) if e["payload"]["uid"] == uid]
+    (run,) = [e for e in log.events(normalize.POD_RUNNING) if e["payload"]["workload_uid"] == uid]
+    assert run["payload"]["queue_name"] == "team-ml"
+    assert log.ids().index(submitted["event_id"]) < log.ids().index(run["event_id"])  # its Job reported first
+
+
+async def test_actions_on_a_volcano_job_made_without_the_webhook_say_it_cannot_be_held(
+        admin: Kube, watcher_kube: Kube, volcano_jobs: str):
+    """A Volcano Job has no suspend; the admission webhook holds its pods by a scheduling gate
+    (ADR 0068, tests/k8s/test_webhook_cluster.py). One created without the webhook cannot be
+    held: the watcher's answer to its Admit or Evict says so and what to do, where it said "job
+    not found" (what on-call read as a lost workload)."""
+    name = f"vc-train-{uuid.uuid4().hex[:6]}"
+    try:
         vcjob = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
                  "metadata": {"name": name, "namespace": NS, "labels": {"kueue.x-k8s.io/queue-name": "team-ml"}},
                  "spec": {"minAvailable": 1, "tasks": [{"name": "worker", "replicas": 1, "template": {"spec": {
                      "containers": [{"name": "c", "image": "x", "resources": {"requests": {"nvidia.com/gpu": "1"}}}]}}}]}}
-        created = await wait_until(lambda: _create(admin, vcjobs, vcjob), 30, what="the Volcano Job created")
-        uid = created["metadata"]["uid"]
+        uid = (await admin.request("POST", volcano_jobs, body=vcjob))["metadata"]["uid"]
         actuator = Actuator(watcher_kube, EventLog(), flavors=A100)
         admit = await actuator.apply(admit_action(uid, NS, name, flavors={"main": {"nvidia.com/gpu": "a100-flavor"}}))
         stop = await actuator.apply(evict_action(uid, NS, name, reason="NotAdmitted", grace_period_s=0))
         for result in (admit, stop):
-            assert result.outcome == NOT_FOUND and "a Volcano Job" in result.message and "no suspend" in result.message
+            assert result.outcome == NOT_FOUND and "a Volcano Job created without" in result.message
+            assert "admission-webhook.yaml" in result.message
         # another uid under that name is not this workload's Job
         other = await actuator.apply(evict_action(str(uuid.uuid4()), NS, name, reason="NotAdmitted",
                                                   grace_period_s=0))
         assert (other.outcome, other.message) == (NOT_FOUND, "job not found")
     finally:
         with contextlib.suppress(KubeError):
-            await admin.request("DELETE", crds + "/jobs.batch.volcano.sh")
-
-
-async def _create(kube: Kube, path: str, obj: dict[str, Any]) -> dict[str, Any] | None:
-    """POST, or None while the API server does not yet take the new kind (404 right after its CRD)."""
-    try:
-        return await kube.request("POST", path, body=obj)
-    except KubeError as e:
-        if e.status == 404:
-            return None
-        raise
+            await admin.request("DELETE", f"{volcano_jobs}/{name}", query={"propagationPolicy": "Background"})
 
 
 async def test_cleanup_deletes_the_job_once(admin: Kube, watcher_kube: Kube):

@@ -12,6 +12,7 @@ so they are deleted before the webhook stops: every later test creates labelled 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import subprocess
@@ -21,16 +22,30 @@ from pathlib import Path
 
 import pytest
 import yaml
-from k8s_harness import KINDS, REPO, apply, gpu_job
+from k8s_harness import (
+    KINDS,
+    REPO,
+    EventLog,
+    admit_action,
+    apply,
+    evict_action,
+    gpu_job,
+    wait_until,
+)
 
 from services.admission.webhook import make_app, serve
 from services.policy import PolicySet
 from services.policy.live import StaticLiveState
+from services.watcher import normalize
+from services.watcher.actuate import APPLIED, Actuator
 from services.watcher.kube import Kube, KubeError, resource_path
+from services.watcher.normalize import Flavor
+from services.watcher.watch import MemoryStateStore, Watcher
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 
 NS = "ml-team"
+A100 = {"a100-flavor": Flavor("a100-flavor", {"gpu.nvidia.com/class": "a100"})}
 WEBHOOK_CONFIGS = {
     "ValidatingWebhookConfiguration": ("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations", False),
     "MutatingWebhookConfiguration": ("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations", False),
@@ -118,3 +133,88 @@ async def test_the_api_server_calls_our_webhooks_and_applies_their_answers(admin
     await admin.request("PATCH", job_path(name), body={"metadata": {"labels": {"touched": "yes"}}},
                         content_type="application/merge-patch+json")
     await admin.request("DELETE", job_path(name), query={"propagationPolicy": "Background"})
+
+
+async def test_a_volcano_job_is_held_by_its_pods_gate_until_admitted_and_again_after_an_eviction(
+        admin: Kube, watcher_kube: Kube, webhook, volcano_jobs: str):
+    """ADR 0068: batch.volcano.sh has no suspend. The webhook labels the Job's task templates
+    and gates its pods; kube-scheduler leaves a gated pod alone. The Admit lifts the gates and
+    pins the pods to the flavor; a pod made later is released as the watcher sees it; an
+    eviction deletes the running pods, and those Volcano makes again stay held."""
+    log = EventLog()
+    actuator = Actuator(watcher_kube, log, flavors=A100)
+    watcher = Watcher(watcher_kube, log, MemoryStateStore(), flavors=A100, watch_timeout_s=30,
+                      on_held_pod=actuator.release_if_admitted)
+    await watcher.start()
+    await watcher.wait_synced(60)
+    name = f"vc-train-{uuid.uuid4().hex[:6]}"
+    try:
+        template = team_job("t", pods=1, gpus_per_pod=1, run_s=600)["spec"]["template"]
+        vcjob = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+                 "metadata": {"name": name, "namespace": NS,
+                              "labels": {"kueue.x-k8s.io/queue-name": "team-ml",
+                                         "quartermaster.dev/cost-center": "cc-ml"}},
+                 "spec": {"minAvailable": 2, "tasks": [{"name": "worker", "replicas": 2, "template": template}]}}
+        created = await admin.request("POST", volcano_jobs, body=vcjob)
+        uid = created["metadata"]["uid"]
+        stored_template = created["spec"]["tasks"][0]["template"]
+        assert stored_template["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-ml"  # the webhook's
+
+        async def volcano_makes_pod(i: int) -> dict:
+            """What Volcano's job controller does: a pod from the task template, owned by the Job."""
+            meta = stored_template["metadata"]
+            return await admin.request("POST", resource_path("", "v1", "pods", NS), body={
+                "apiVersion": "v1", "kind": "Pod", "spec": stored_template["spec"],
+                "metadata": {"name": f"{name}-worker-{i}", "namespace": NS, "annotations": meta["annotations"],
+                             "labels": {**meta["labels"], "volcano.sh/job-name": name},
+                             "ownerReferences": [{"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+                                                  "name": name, "uid": uid, "controller": True}]}})
+
+        def running(pod_name: str) -> list[dict]:
+            return [e["payload"] for e in log.events(normalize.POD_RUNNING) if e["payload"]["name"] == pod_name]
+
+        async def pod(pod_name: str) -> dict:
+            return await admin.get(resource_path("", "v1", "pods", NS, pod_name))
+
+        held = [await volcano_makes_pod(i) for i in (0, 1)]
+        assert all(p["spec"]["schedulingGates"] == [{"name": "quartermaster.dev/admission"}] for p in held)
+        await wait_until(lambda: latest(log, normalize.WORKLOAD_SUBMITTED, uid), 30, what="the Job submitted")
+        await asyncio.sleep(3)  # kube-scheduler and kwok would have run an ungated pod by now
+        for p in held:
+            now = await pod(p["metadata"]["name"])
+            assert not now["spec"].get("nodeName") and now["status"].get("phase") == "Pending"
+            assert (now["status"].get("conditions") or [{}])[0].get("reason") == "SchedulingGated"
+
+        admitted = await actuator.apply(admit_action(uid, NS, name, node_selector={"gpu.nvidia.com/class": "a100"}))
+        assert admitted.outcome == APPLIED and "released 2 held pod(s)" in admitted.message, admitted.message
+        for p in held:
+            await wait_until(lambda p=p: running(p["metadata"]["name"]), 60, what="the released pod running")
+        for p in held:
+            now = await pod(p["metadata"]["name"])
+            assert now["spec"]["nodeSelector"]["gpu.nvidia.com/class"] == "a100"
+            assert now["spec"]["nodeName"].startswith("gpu-a100-") and not now["spec"].get("schedulingGates")
+        assert {r["queue_name"] for p in held for r in running(p["metadata"]["name"])} == {"team-ml"}
+
+        # Volcano replaces a pod after the Admit: the webhook gates it, the watcher releases it
+        late = await volcano_makes_pod(2)
+        assert late["spec"]["schedulingGates"] == [{"name": "quartermaster.dev/admission"}]
+        await wait_until(lambda: running(late["metadata"]["name"]), 60, what="the later pod released and running")
+
+        evicted = await actuator.apply(evict_action(uid, NS, name, reason="Preempted", grace_period_s=1))
+        assert evicted.outcome == APPLIED and "3 running pod(s) deleted" in evicted.message, evicted.message
+        again = await volcano_makes_pod(3)  # Volcano makes its pods again: held until a new Admit
+        await asyncio.sleep(3)
+        now = await pod(again["metadata"]["name"])
+        assert now["spec"]["schedulingGates"] == [{"name": "quartermaster.dev/admission"}] and not now["spec"].get(
+            "nodeName")
+        job_now = await admin.get(resource_path("batch.volcano.sh", "v1alpha1", "jobs", NS, name))
+        assert "quartermaster.dev/admitted-placement" not in job_now["metadata"].get("annotations", {})
+        assert job_now["metadata"]["annotations"]["quartermaster.dev/evict-reason"] == "Preempted"
+    finally:
+        await watcher.stop()
+        with contextlib.suppress(KubeError):
+            await admin.request("DELETE", f"{volcano_jobs}/{name}", query={"propagationPolicy": "Background"})
+
+
+def latest(log: EventLog, event_type: str, uid: str) -> dict | None:
+    return next((e["payload"] for e in reversed(log.events(event_type)) if e["payload"].get("uid") == uid), None)

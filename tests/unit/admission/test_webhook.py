@@ -9,7 +9,7 @@ import ssl
 import aiohttp
 import pytest
 
-from services.admission.webhook import make_app, queue_change_refusal, serve
+from services.admission.webhook import make_app, mutation_patch, queue_change_refusal, serve
 from services.policy import PolicySet
 from services.policy.live import StaticLiveState
 from services.policy.loader import Document
@@ -239,6 +239,58 @@ async def test_a_queue_label_change_is_refused_over_https_even_before_policies_l
         await runner.cleanup()
     assert resp["allowed"] is False and resp["status"]["code"] == 422
     assert "delete the Job and create it again" in resp["status"]["message"]
+
+
+QUEUED = {"kueue.x-k8s.io/queue-name": "team-ml"}
+
+
+def create(group, kind, obj):
+    return {"operation": "CREATE", "kind": {"group": group, "version": "v1", "kind": kind}, "object": obj}
+
+
+def vcjob(*templates):
+    return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+            "metadata": {"name": "vc", "namespace": "ml-team", "labels": dict(QUEUED)},
+            "spec": {"tasks": [{"name": f"t{i}", "replicas": 1, **({} if t is None else {"template": t})}
+                               for i, t in enumerate(templates)]}}
+
+
+def test_a_volcano_jobs_task_templates_get_its_queue_label():
+    """ADR 0068: so that Volcano's pods carry the label, and the webhook can hold them."""
+    job = vcjob(None, {"spec": {}}, {"metadata": {}}, {"metadata": {"labels": {"app": "x"}}},
+                {"metadata": {"labels": dict(QUEUED)}})
+    assert mutation_patch(create("batch.volcano.sh", "Job", job)) == [
+        {"op": "add", "path": "/spec/tasks/0/template", "value": {"metadata": {"labels": QUEUED}}},
+        {"op": "add", "path": "/spec/tasks/1/template/metadata", "value": {"labels": QUEUED}},
+        {"op": "add", "path": "/spec/tasks/2/template/metadata/labels", "value": QUEUED},
+        {"op": "add", "path": "/spec/tasks/3/template/metadata/labels/kueue.x-k8s.io~1queue-name", "value": "team-ml"},
+    ]
+    unqueued = vcjob(None)
+    del unqueued["metadata"]["labels"]
+    assert mutation_patch(create("batch.volcano.sh", "Job", unqueued)) == []
+
+
+def pod(owner_api="batch.volcano.sh/v1alpha1", labels=QUEUED, gates=None):
+    spec = {"containers": [{"name": "c", "image": "x"}]}
+    if gates is not None:
+        spec["schedulingGates"] = gates
+    return {"apiVersion": "v1", "kind": "Pod", "spec": spec,
+            "metadata": {"name": "vc-t0-0", "namespace": "ml-team", "labels": dict(labels),
+                         "ownerReferences": [{"apiVersion": owner_api, "kind": "Job", "name": "vc", "uid": "u",
+                                              "controller": True}]}}
+
+
+@pytest.mark.parametrize("obj, patch", [
+    (pod(), [{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": "quartermaster.dev/admission"}]}]),
+    (pod(gates=[{"name": "other"}]),
+     [{"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": "quartermaster.dev/admission"}}]),
+    (pod(gates=[{"name": "quartermaster.dev/admission"}]), []),
+    (pod(owner_api="batch/v1"), []),  # a batch/v1 Job's pod: the Job's suspend holds it
+    (pod(labels={}), []),  # a Volcano Job that is not ours
+])
+def test_a_queued_volcano_jobs_pods_are_held_by_the_admission_gate(obj, patch):
+    assert mutation_patch(create("", "Pod", obj)) == patch
+    assert mutation_patch({**create("", "Pod", obj), "operation": "UPDATE"}) == []
 
 
 async def test_health_ready_and_bad_requests(webhook):
