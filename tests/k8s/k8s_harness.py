@@ -302,3 +302,7 @@ VOLCANO_CRD = {
                                                           "x-kubernetes-preserve-unknown-fields": True}}}]},
 }
 
+WEBHOOK_CONFIGS = {
+    "ValidatingWebhookConfiguration": ("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations", False),
+    "MutatingWebhookConfiguration": ("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations", False),
+}

@@ -11,7 +11,9 @@ do not carry its queue label, so their facts reached no cohort, and no Job ever 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import socket
 import subprocess
 import sys
 import uuid
@@ -19,7 +21,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from k8s_harness import ClusterInfo, apply, gpu_job, wait_until
+import yaml
+from k8s_harness import KINDS, WEBHOOK_CONFIGS, ClusterInfo, apply, gpu_job, obj_path, wait_until
 
 from services.adapters.bus import Publisher, read_envelopes
 from services.cli.explain_cmd import read_all
@@ -27,6 +30,7 @@ from services.contracts.codec import make_envelope
 from services.contracts.events import ClockTick
 from services.demo.stack import Stack
 from services.explain import Verdict, explain
+from services.watcher.kube import KubeError, resource_path
 
 pytestmark = [pytest.mark.k8s, pytest.mark.kafka]
 REPO = Path(__file__).resolve().parents[2]
@@ -71,13 +75,32 @@ def config_dir(request, tmp_path) -> Path:
 
 
 @pytest.fixture
-async def stack(cluster: ClusterInfo, kafka_bootstrap, topic_prefix, tmp_path, config_dir):
+def webhook_env(request, tmp_path) -> dict[str, str]:
+    """Nothing; or, parametrized indirectly with "webhook", the admission service's webhook
+    settings, with a certificate from `qm webhook certs` and the configurations it wrote (in
+    `QM_TEST_WEBHOOK_CONFIGS`, for the stack to register once the services are up)."""
+    if getattr(request, "param", None) != "webhook":
+        return {}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "webhook"
+    made = subprocess.run([sys.executable, "-m", "services.cli.main", "webhook", "certs", str(out),
+                           "--url", f"https://127.0.0.1:{port}"], cwd=REPO, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    return {"QM_WEBHOOK_PORT": str(port), "QM_WEBHOOK_CERT": str(out / "tls.crt"),
+            "QM_WEBHOOK_KEY": str(out / "tls.key"), "QM_TEST_WEBHOOK_CONFIGS": str(out / "admission-webhook.yaml")}
+
+
+@pytest.fixture
+async def stack(cluster: ClusterInfo, kafka_bootstrap, topic_prefix, tmp_path, config_dir, webhook_env, admin):
     """The four services (as `make demo` starts them) and the watcher process, on fresh topics,
-    with `config_dir` and the policy library."""
+    with `config_dir` and the policy library; with `webhook_env`, admission's webhook registered
+    with the API server (and taken away before the services stop: the mutating one fails closed)."""
     suffix = f"-{uuid.uuid4().hex[:8]}"
     common = {"QM_KAFKA_BOOTSTRAP": kafka_bootstrap, "QM_TOPIC_PREFIX": topic_prefix, "QM_APP_ID_SUFFIX": suffix,
               "QM_CONFIG_DIR": str(config_dir)}
-    services = Stack(tmp_path, {**common, "QM_POLICY_DIR": str(REPO / "policies" / "library"),
+    services = Stack(tmp_path, {**common, **webhook_env, "QM_POLICY_DIR": str(REPO / "policies" / "library"),
                                 "QM_STORE": "memory://", "QM_DATA_DIR": str(tmp_path / "data"),
                                 # kwok's pods are ready 0.5-1.5 s after they are created
                                 "QM_PODS_READY_TIMEOUT_S": str(PODS_READY_TIMEOUT_S)})
@@ -86,19 +109,49 @@ async def stack(cluster: ClusterInfo, kafka_bootstrap, topic_prefix, tmp_path, c
     watcher_log = open(tmp_path / "watcher.log", "wb")  # noqa: SIM115 - closed with the process
     services.start()
     watcher = None
+    registered: list[dict] = []
+    await clear_queued_jobs(admin)
     try:
         await asyncio.get_running_loop().run_in_executor(None, services.wait_ready)
+        if webhook_env:
+            KINDS.update(WEBHOOK_CONFIGS)
+            for config in yaml.safe_load_all(Path(webhook_env["QM_TEST_WEBHOOK_CONFIGS"]).read_text()):
+                registered.append(await apply(admin, config))
         watcher = subprocess.Popen(
             [sys.executable, "-m", "services.watcher"], cwd=REPO, stdout=watcher_log, stderr=subprocess.STDOUT,
             env={**os.environ, **common, "PYTHONPATH": str(REPO), "QM_K8S_SERVER": cluster.server,
                  "QM_K8S_TOKEN_FILE": str(token), "QM_K8S_CA": cluster.ca_file, "QM_CLOCK_INTERVAL_S": "1"})
         yield services
     finally:
+        for config in registered:
+            with contextlib.suppress(KubeError):
+                await admin.request("DELETE", obj_path(config, named=True))
         if watcher is not None:
             watcher.terminate()
             watcher.wait(30)
         services.stop()
         watcher_log.close()
+        await clear_queued_jobs(admin)
+
+
+async def clear_queued_jobs(admin) -> None:
+    """Delete every queued Job (batch/v1 and Volcano) in ml-team and wait until they are gone:
+    each stack's watcher lists the cluster afresh, and a Job left by an earlier test would be
+    submitted to it again and take quota (a stuck Job re-admitted, the namespace's GPUs used)."""
+    selector = {"labelSelector": "kueue.x-k8s.io/queue-name", "propagationPolicy": "Background"}
+    kinds = [resource_path("batch", "v1", "jobs", "ml-team")]
+    if await admin.serves("batch.volcano.sh", "v1alpha1", "jobs"):
+        kinds.append(resource_path("batch.volcano.sh", "v1alpha1", "jobs", "ml-team"))
+    for path in kinds:
+        await admin.request("DELETE", path, query=selector)
+
+    async def gone() -> bool:
+        for path in kinds:
+            if (await admin.get(path, labelSelector=selector["labelSelector"])).get("items"):
+                return False
+        return True
+
+    await wait_until(gone, 60, what="the earlier tests' Jobs deleted")
 
 
 def gpu_only_job(name: str, *, queue: str = "team-ml", cost_center: str | None = "cc-ml", suspend: bool = True):
@@ -213,7 +266,8 @@ async def test_a_reservation_whose_pods_never_start_expires_and_its_job_is_stopp
         now = await admin.get(f"/apis/batch/v1/namespaces/ml-team/jobs/{name}")
         expired = [e for e in workloads if e.event_type == "workload.prefreeze_expired.v1"]
         evicts = [e for e in actions if e.event_type == "action.evict.v1"]
-        return expired and evicts and now["spec"].get("suspend") is True and (workloads, evicts, now)
+        restored = now["spec"]["template"]["spec"].get("nodeSelector") == {"topology.example/zone": "nowhere"}
+        return expired and evicts and now["spec"].get("suspend") is True and restored and (workloads, evicts, now)
 
     try:
         workloads, evicts, now = await wait_until(stopped, PODS_READY_TIMEOUT_S + 90,
@@ -225,8 +279,8 @@ async def test_a_reservation_whose_pods_never_start_expires_and_its_job_is_stopp
     released = [e.payload for e in workloads if e.event_type == "workload.released.v1"]
     assert [r.reason for r in released] == ["PodsReadyTimeout"], released
     assert [(e.payload.reason, e.payload.grace_period_s) for e in evicts] == [("PodsReadyTimeout", 0)]
-    # suspended, and the selector is the user's again (the flavor's label taken off)
-    assert now["spec"]["template"]["spec"]["nodeSelector"] == {"topology.example/zone": "nowhere"}
+    # (waited for above: suspended, and the selector the user's again, the flavor's label taken
+    # off; the restore is the eviction's last write, so reading right at the suspend raced it)
     told = explain(f"ml-team/{name}", await read_all(kafka_bootstrap, topic_prefix))
     assert told.verdict == Verdict.PREFREEZE_EXPIRED and "Its Job was stopped" in told.answer, told
 
@@ -325,3 +379,98 @@ async def test_a_higher_priority_job_preempts_a_running_one_which_runs_again_aft
     outcomes = [e.payload for e in await trail_of(kafka_bootstrap, topic_prefix, "qm.cluster", low["metadata"]["uid"])
                 if e.event_type == "action.outcome.v1"]
     assert [o.action for o in outcomes if o.outcome == "applied"][:3] == ["admit", "evict", "admit"], outcomes
+
+
+@pytest.mark.parametrize("webhook_env", ["webhook"], indirect=True)
+async def test_the_field_reports_volcano_walk_through(stack, admin, volcano_jobs, kafka_bootstrap, topic_prefix,
+                                                      tmp_path):
+    """The field report's 3.4, end to end: a VolcanoJob of 4 one-GPU workers for team-ml, in a
+    namespace that already runs 12 GPUs. Admission's webhook lets it in (12 + 4 <= 32), labels
+    it and holds its pods (Volcano has no suspend, ADR 0068); the queue-manager admits it; the
+    watcher releases the pods onto A100 nodes; they run; Volcano marks the Job Completed, and
+    its quota is released and its GPU time billed. While it runs, a Job that would pass the
+    namespace's 32 GPUs is refused at creation, with the numbers."""
+    running_12 = gpu_job(f"running-12-{uuid.uuid4().hex[:6]}", "ml-team", pods=3, gpus_per_pod=4, run_s=600)
+    running_12["metadata"]["labels"]["quartermaster.dev/cost-center"] = "cc-ml"
+    for container in running_12["spec"]["template"]["spec"]["containers"]:
+        container["resources"] = {"limits": {"nvidia.com/gpu": "4"}}
+    first = await apply(admin, running_12)
+    name = f"dist-train-{uuid.uuid4().hex[:6]}"
+    try:
+        async def has(topic: str, uid: str, event_type: str, n: int = 1):
+            trail = [e for e in await trail_of(kafka_bootstrap, topic_prefix, topic, uid) if e.event_type == event_type]
+            return len(trail) >= n and trail
+
+        try:
+            await wait_until(lambda: has("qm.workloads", first["metadata"]["uid"], "workload.running.v1"), 120,
+                             what="the 12-GPU Job running")
+        except AssertionError as failed:
+            raise AssertionError(f"{failed}\n{await story(kafka_bootstrap, topic_prefix, first['metadata']['uid'], tmp_path)}") from None
+        vcjob = yaml.safe_load((REPO / "policies/library/namespace-gpu-max/samples/ml-team-max-32/"
+                                "example_volcano_job.yaml").read_text())
+        vcjob["metadata"]["name"] = name
+        template = vcjob["spec"]["tasks"][0]["template"]
+        template["metadata"] = {"annotations": running_12["spec"]["template"]["metadata"]["annotations"] | {
+            "pod-complete.stage.kwok.x-k8s.io/delay": "3s", "pod-complete.stage.kwok.x-k8s.io/jitter-delay": "4s"}}
+        created = await admin.request("POST", volcano_jobs, body=vcjob)
+        uid = created["metadata"]["uid"]
+        stored = created["spec"]["tasks"][0]["template"]
+        assert stored["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-ml"  # the webhook's
+
+        pods = []
+        for i in range(4):  # Volcano's job controller makes the gang's pods
+            pods.append(await admin.request("POST", resource_path("", "v1", "pods", "ml-team"), body={
+                "apiVersion": "v1", "kind": "Pod", "spec": stored["spec"],
+                "metadata": {"name": f"{name}-worker-{i}", "namespace": "ml-team",
+                             "annotations": stored["metadata"]["annotations"],
+                             "labels": {**stored["metadata"]["labels"], "volcano.sh/job-name": name},
+                             "ownerReferences": [{"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+                                                  "name": name, "uid": uid, "controller": True}]}}))
+        assert all(p["spec"]["schedulingGates"] == [{"name": "quartermaster.dev/admission"}] for p in pods)
+        try:
+            await wait_until(lambda: has("qm.workloads", uid, "pod.running.v1", 4), 120, what="the 4 pods running")
+            usage_16 = await wait_until(lambda: _usage(kafka_bootstrap, topic_prefix, 16_000), 30,
+                                        what="ml-team's usage at 16 GPUs")
+            await asyncio.sleep(1)  # admission's replica follows qm.usage
+            too_big = yaml.safe_load(yaml.safe_dump(vcjob))
+            too_big["metadata"]["name"] = f"too-big-{uuid.uuid4().hex[:6]}"
+            too_big["spec"]["tasks"][0]["replicas"] = 20
+            with pytest.raises(KubeError) as refused:
+                await admin.request("POST", volcano_jobs, body=too_big)
+            assert refused.value.status == 403, refused.value
+            assert "namespace ml-team used 16 GPU, requesting 20, max is 32" in refused.value.message, (
+                refused.value, usage_16)
+            for p in pods:
+                placed = await admin.get(resource_path("", "v1", "pods", "ml-team", p["metadata"]["name"]))
+                assert placed["spec"]["nodeName"].startswith("gpu-a100-"), placed["spec"]
+            # Volcano marks the Job Completed once its pods have succeeded
+            await wait_until(lambda: has("qm.workloads", uid, "pod.finished.v1", 4), 60, what="the 4 pods done")
+            await admin.request("PATCH", f"{volcano_jobs}/{name}", content_type="application/merge-patch+json",
+                                body={"status": {"state": {"phase": "Completed",
+                                                           "lastTransitionTime": _now_iso()}}})
+            released = await wait_until(lambda: has("qm.workloads", uid, "workload.released.v1"), 60,
+                                        what="the Volcano Job's quota released")
+        except AssertionError as failed:
+            raise AssertionError(f"{failed}\n{await story(kafka_bootstrap, topic_prefix, uid, tmp_path)}") from None
+        assert released[0].payload.reason == "Finished", released[0].payload
+        actions = await trail_of(kafka_bootstrap, topic_prefix, "qm.actions", uid)
+        assert [e.event_type for e in actions] == ["action.admit.v1"], [e.payload for e in actions]
+        told = explain(f"ml-team/{name}", await read_all(kafka_bootstrap, topic_prefix))
+        assert told.verdict == Verdict.FINISHED and "succeeded" in told.answer, told
+    finally:
+        for path in (f"{volcano_jobs}/{name}", f"/apis/batch/v1/namespaces/ml-team/jobs/{first['metadata']['name']}"):
+            with contextlib.suppress(KubeError):
+                await admin.request("DELETE", path, query={"propagationPolicy": "Background"})
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def _usage(bootstrap: str, prefix: str, gpu_milli: int):
+    """The newest qm.usage record of ml-team, when its total is `gpu_milli` GPUs."""
+    last = None
+    async for _, e in read_envelopes(bootstrap, prefix + "qm.usage"):
+        if not isinstance(e, Exception) and getattr(e.payload, "namespace", None) == "ml-team":
+            last = e.payload
+    return last if last is not None and (last.total or {}).get("nvidia.com/gpu") == gpu_milli else None

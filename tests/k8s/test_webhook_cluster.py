@@ -25,6 +25,7 @@ import yaml
 from k8s_harness import (
     KINDS,
     REPO,
+    WEBHOOK_CONFIGS,
     EventLog,
     admit_action,
     apply,
@@ -46,11 +47,6 @@ pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 
 NS = "ml-team"
 A100 = {"a100-flavor": Flavor("a100-flavor", {"gpu.nvidia.com/class": "a100"})}
-WEBHOOK_CONFIGS = {
-    "ValidatingWebhookConfiguration": ("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations", False),
-    "MutatingWebhookConfiguration": ("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations", False),
-}
-
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -99,7 +95,8 @@ async def webhook(admin: Kube, tmp_path: Path):
         await runner.cleanup()
 
 
-async def test_the_api_server_calls_our_webhooks_and_applies_their_answers(admin: Kube, webhook):
+async def test_the_api_server_calls_our_webhooks_and_applies_their_answers(admin: Kube, watcher_kube: Kube,
+                                                                           webhook):
     assert {c["kind"] for c in webhook} == set(WEBHOOK_CONFIGS)  # the Service is left out with --url
     # /mutate: a queued Job created to run at once is stored suspended, as Kueue's webhook does;
     # nothing runs before the queue-manager admits it.
@@ -129,9 +126,20 @@ async def test_the_api_server_calls_our_webhooks_and_applies_their_answers(admin
     assert "delete the Job and create it again" in relabel.value.message
     kept = await admin.get(job_path(name))
     assert kept["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-ml"
-    # any other change of the Job still goes through (the admit's unsuspend, a label of its own)
+    # any other change of the Job still goes through
     await admin.request("PATCH", job_path(name), body={"metadata": {"labels": {"touched": "yes"}}},
                         content_type="application/merge-patch+json")
+
+    # The watcher's own writes are not judged again (the configuration's matchConditions): the
+    # policy library refuses A100s to ml-team (not approved), so a user pinning the Job there is
+    # refused, while the watcher's Admit, which pins the admitted flavor, goes through.
+    pin = {"spec": {"template": {"spec": {"nodeSelector": {"gpu.nvidia.com/class": "a100"}}}}}
+    with pytest.raises(KubeError) as pinned_by_hand:
+        await admin.request("PATCH", job_path(name), body=pin, content_type="application/merge-patch+json")
+    assert "[a100-approved-projects]" in pinned_by_hand.value.message, pinned_by_hand.value
+    admitted = await Actuator(watcher_kube, EventLog(), flavors=A100).apply(
+        admit_action(created["metadata"]["uid"], NS, name, node_selector={"gpu.nvidia.com/class": "a100"}))
+    assert admitted.outcome == APPLIED, admitted.message
     await admin.request("DELETE", job_path(name), query={"propagationPolicy": "Background"})
 
 
