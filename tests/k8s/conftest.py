@@ -138,9 +138,14 @@ def volcano_jobs(cluster: ClusterInfo) -> str:
         kube = cluster.admin()
         try:
             await apply(kube, VOLCANO_CRD)
-            for _ in range(300):
+            for _ in range(300):  # served, and its storage ready (a new CRD's answers 429 until then)
                 if await kube.serves("batch.volcano.sh", "v1alpha1", "jobs"):
-                    return
+                    try:
+                        await kube.get(resource_path("batch.volcano.sh", "v1alpha1", "jobs", "ml-team"))
+                        return
+                    except KubeError as e:
+                        if not e.temporary and e.status != 404:
+                            raise
                 await asyncio.sleep(0.1)
             raise RuntimeError("Volcano's Job CRD was not served within 30 s")
         finally:

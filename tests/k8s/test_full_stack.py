@@ -142,8 +142,17 @@ async def clear_queued_jobs(admin) -> None:
     kinds = [resource_path("batch", "v1", "jobs", "ml-team")]
     if await admin.serves("batch.volcano.sh", "v1alpha1", "jobs"):
         kinds.append(resource_path("batch.volcano.sh", "v1alpha1", "jobs", "ml-team"))
+    async def deleted(path: str) -> bool:
+        try:
+            await admin.request("DELETE", path, query=selector)
+            return True
+        except KubeError as e:  # a CRD just created answers 429 while its storage initializes
+            if not e.temporary:
+                raise
+            return False
+
     for path in kinds:
-        await admin.request("DELETE", path, query=selector)
+        await wait_until(lambda path=path: deleted(path), 30, what=f"the delete of {path}")
 
     async def gone() -> bool:
         for path in kinds:
