@@ -38,6 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from services.adapters.gc_tuning import freeze_startup_objects, tune_gc
+from services.core.held_pods import ADMISSION_GATE, VOLCANO_GROUP, volcano_owner
 from services.policy import EnforcementAction, EnforcementPoint, PolicySet, evaluate
 from services.policy.live import LiveState, StaticLiveState
 from services.policy.views import QUEUE_LABEL, cost_center_of
@@ -213,7 +214,17 @@ def make_app(
     return app
 
 
-_QUEUED_KINDS = {("batch", "Job"): "Job", ("batch.volcano.sh", "Job"): "Volcano Job"}
+_QUEUED_KINDS = {("batch", "Job"): "Job", (VOLCANO_GROUP, "Job"): "Volcano Job"}
+
+
+def _group_kind(req: dict[str, Any]) -> tuple[str, str]:
+    """(API group, kind) of the request's object: from the review's `kind`, else the object's
+    apiVersion ("v1" alone is the core group, "")."""
+    obj = req.get("object") or req.get("oldObject") or {}
+    kind = req.get("kind") or {}
+    api = str(obj.get("apiVersion", ""))
+    group = kind.get("group") if kind else (api.partition("/")[0] if "/" in api else "")
+    return group or "", kind.get("kind") or obj.get("kind") or ""
 
 
 def queue_change_refusal(req: dict[str, Any]) -> str | None:
@@ -229,9 +240,7 @@ def queue_change_refusal(req: dict[str, Any]) -> str | None:
     if req.get("operation") != "UPDATE":
         return None
     obj, old = req.get("object") or {}, req.get("oldObject") or {}
-    kind = req.get("kind") or {}
-    group = kind.get("group") if kind else str(obj.get("apiVersion", "")).partition("/")[0]
-    what = _QUEUED_KINDS.get((group or "", kind.get("kind") or obj.get("kind") or ""))
+    what = _QUEUED_KINDS.get(_group_kind(req))
     if what is None:
         return None
     before = ((old.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL) or None
@@ -253,11 +262,6 @@ def queue_change_refusal(req: dict[str, Any]) -> str | None:
             f"(spec.suspend: true), or create it again with the label.")
 
 
-# The scheduling gate that holds a Volcano Job's pods until the queue-manager admits it (ADR 0068).
-ADMISSION_GATE = "quartermaster.dev/admission"
-VOLCANO_GROUP = "batch.volcano.sh"
-
-
 def mutation_patch(req: dict[str, Any]) -> list[dict[str, Any]]:
     """The JSONPatch that holds a new queued workload until it is admitted; [] for anything else.
 
@@ -269,18 +273,15 @@ def mutation_patch(req: dict[str, Any]) -> list[dict[str, Any]]:
     if req.get("operation") != "CREATE":
         return []
     obj = req.get("object") or {}
-    kind = req.get("kind") or {}
-    api = str(obj.get("apiVersion", ""))
-    group = kind.get("group") if kind else (api.partition("/")[0] if "/" in api else "")
-    kind_name = kind.get("kind") or obj.get("kind")
     queue = ((obj.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL)
     if not queue:
         return []
-    if (group, kind_name) == ("batch", "Job"):
+    group_kind = _group_kind(req)
+    if group_kind == ("batch", "Job"):
         return _suspend_patch(obj)
-    if (group, kind_name) == (VOLCANO_GROUP, "Job"):
+    if group_kind == (VOLCANO_GROUP, "Job"):
         return _label_tasks_patch(obj, queue)
-    if (group, kind_name) == ("", "Pod") and _volcano_owned(obj):
+    if group_kind == ("", "Pod") and volcano_owner(obj) is not None:
         return _gate_patch(obj)
     return []
 
@@ -312,12 +313,6 @@ def _label_tasks_patch(vcjob: dict[str, Any], queue: str) -> list[dict[str, Any]
             patch.append({"op": "add", "path": f"{at}/metadata/labels/{QUEUE_LABEL.replace('/', '~1')}",
                           "value": queue})
     return patch
-
-
-def _volcano_owned(pod: dict[str, Any]) -> bool:
-    refs = (pod.get("metadata") or {}).get("ownerReferences") or []
-    return any(r.get("controller") and r.get("kind") == "Job"
-               and str(r.get("apiVersion", "")).startswith(VOLCANO_GROUP + "/") for r in refs)
 
 
 def _gate_patch(pod: dict[str, Any]) -> list[dict[str, Any]]:

@@ -37,6 +37,7 @@ from typing import Any
 import orjson
 
 from services.contracts.codec import Envelope, envelope_to_dict
+from services.core.held_pods import ADMISSION_GATE, admission_gated, volcano_owner
 
 from . import normalize
 from .kube import Kube, KubeError, resource_path, sleep_backoff
@@ -92,6 +93,10 @@ class _Conflict(Exception):
 
 class _Invalid(Exception):
     """The action cannot be applied as given (retrying will not help)."""
+
+
+def _ended(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
 def _iso(t: datetime) -> str:
@@ -198,13 +203,13 @@ class Actuator:
         listed = await self.kube.get(resource_path("", "v1", "pods", vcjob["metadata"]["namespace"]),
                                      labelSelector=f"volcano.sh/job-name={vcjob['metadata']['name']}")
         uid = vcjob["metadata"]["uid"]
-        return [pod for pod in listed.get("items") or [] if (normalize.volcano_owner(pod) or ("",))[0] == uid]
+        return [pod for pod in listed.get("items") or [] if (volcano_owner(pod) or ("",))[0] == uid]
 
     async def _release(self, pod: Mapping[str, Any], placement: Mapping[str, Any]) -> bool:
         """Lift the admission gate of one held pod and pin it where its Job was admitted (a gated
         pod's nodeSelector may only gain keys; tolerations may be added to any pod). One
         strategic-merge patch, so a second release of the same pod changes nothing."""
-        if not normalize.admission_gated(pod):
+        if not admission_gated(pod):
             return False
         spec = pod.get("spec") or {}
         selector = spec.get("nodeSelector") or {}
@@ -214,7 +219,7 @@ class Actuator:
                            f"{ {k: selector[k] for k in clash} }, the admitted flavor for {clash}")
         tolerations = list(spec.get("tolerations") or [])
         tolerations += [t for t in placement.get("tolerations") or () if t not in tolerations]
-        body: dict[str, Any] = {"spec": {"schedulingGates": [{"$patch": "delete", "name": normalize.ADMISSION_GATE}],
+        body: dict[str, Any] = {"spec": {"schedulingGates": [{"$patch": "delete", "name": ADMISSION_GATE}],
                                          "nodeSelector": {**selector, **(placement.get("nodeSelector") or {})}}}
         if tolerations:
             body["spec"]["tolerations"] = tolerations
@@ -232,8 +237,8 @@ class Actuator:
         """Release a held pod whose Volcano Job is admitted: one made after the Admit (a late
         controller, a restarted pod), or left held by a crash. The watcher calls it for each
         gated pod it sees; False when the pod stays held."""
-        owner = normalize.volcano_owner(pod)
-        if owner is None or not normalize.admission_gated(pod):
+        owner = volcano_owner(pod)
+        if owner is None or not admission_gated(pod):
             return False
         meta = pod.get("metadata") or {}
         vcjob = await self._get_volcano_job({"namespace": meta.get("namespace", ""), "name": owner[1],
@@ -319,16 +324,15 @@ class Actuator:
         return APPLIED, f"unsuspended with flavor {flavor.name}{partially}", {
             "flavor": flavor.name, "node_selector": pod_spec["nodeSelector"]}
 
-    def _evict_signal(self, action: Mapping[str, Any], p: Mapping[str, Any], anns: Mapping[str, str]
+    def _evict_signal(self, action: Mapping[str, Any], reason: str, grace_s: float, anns: Mapping[str, str]
                       ) -> tuple[dict[str, str], datetime]:
         """The eviction's annotations (reason, checkpoint request, deadline) and its deadline."""
-        grace_s = float(p.get("grace_period_s", 30))
         if anns.get(ANN_ACTION_ID) == action.get("event_id") and ANN_EVICT_DEADLINE in anns:
             # Re-applied after a restart: keep the original deadline.
             deadline = datetime.strptime(anns[ANN_EVICT_DEADLINE], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
         else:
             deadline = self.now() + timedelta(seconds=grace_s)
-        return {ANN_EVICT_REASON: p.get("reason") or "Preempted", ANN_CHECKPOINT: _iso(self.now()),
+        return {ANN_EVICT_REASON: reason, ANN_CHECKPOINT: _iso(self.now()),
                 ANN_EVICT_DEADLINE: _iso(deadline), ANN_ACTION_ID: action.get("event_id", "")}, deadline
 
     async def _signal_pods(self, pods: list[dict[str, Any]], signal: Mapping[str, str]) -> int:
@@ -336,7 +340,7 @@ class Actuator:
         downward API volume and can checkpoint before the grace period ends."""
         signalled = 0
         for pod in pods:
-            if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            if _ended(pod):
                 continue
             try:
                 await self.kube.request(
@@ -365,7 +369,7 @@ class Actuator:
         reason = p.get("reason") or "Preempted"
         grace_s = float(p.get("grace_period_s", 30))
         anns = job["metadata"].get("annotations") or {}
-        signal, deadline = self._evict_signal(action, p, anns)
+        signal, deadline = self._evict_signal(action, reason, grace_s, anns)
         if anns.get(ANN_ACTION_ID) != action.get("event_id"):
             await self.kube.request("PATCH", self._job_path(p), body={"metadata": {"annotations": signal}},
                                     content_type="application/merge-patch+json")
@@ -397,8 +401,8 @@ class Actuator:
         if not self._held_by_gates(vcjob):
             return NOT_FOUND, _UNHELD, {}
         flavor = self._placement(p)
-        placement = orjson.dumps({"nodeSelector": dict(flavor.node_labels),
-                                  "tolerations": [dict(t) for t in flavor.tolerations]}).decode()
+        pinned = {"nodeSelector": dict(flavor.node_labels), "tolerations": [dict(t) for t in flavor.tolerations]}
+        placement = orjson.dumps(pinned).decode()
         anns = vcjob["metadata"].get("annotations") or {}
         recorded = anns.get(ANN_ADMITTED_PLACEMENT) == placement
         if not recorded or anns.get(ANN_ACTION_ID) != action.get("event_id"):
@@ -411,7 +415,7 @@ class Actuator:
                 content_type="application/merge-patch+json")
         released = 0
         for pod in await self._volcano_pods(vcjob):
-            released += await self._release(pod, orjson.loads(placement))
+            released += await self._release(pod, pinned)
         details = {"flavor": flavor.name, "node_selector": dict(flavor.node_labels), "released_pods": released,
                    "api_version": VOLCANO_API}
         if recorded and not released:
@@ -426,13 +430,12 @@ class Actuator:
         if not self._held_by_gates(vcjob):
             return NOT_FOUND, _UNHELD, {}
         anns = vcjob["metadata"].get("annotations") or {}
-        live = [pod for pod in await self._volcano_pods(vcjob) if not normalize.admission_gated(pod)
-                and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+        live = [pod for pod in await self._volcano_pods(vcjob) if not admission_gated(pod) and not _ended(pod)]
         if ANN_ADMITTED_PLACEMENT not in anns and not live:
             return ALREADY_APPLIED, "Volcano Job already held", {}
         reason = p.get("reason") or "Preempted"
         grace_s = float(p.get("grace_period_s", 30))
-        signal, deadline = self._evict_signal(action, p, anns)
+        signal, deadline = self._evict_signal(action, reason, grace_s, anns)
         await self.kube.request(
             "PATCH", resource_path(*VOLCANO, p["namespace"], p["name"]),
             body={"metadata": {"annotations": {**signal, ANN_ADMITTED_FLAVOR: None, ANN_ADMITTED_PLACEMENT: None}}},
@@ -441,7 +444,7 @@ class Actuator:
         await self._wait_until(deadline)
         deleted = 0
         for pod in await self._volcano_pods(vcjob):
-            if normalize.admission_gated(pod) or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            if admission_gated(pod) or _ended(pod):
                 continue
             try:
                 await self.kube.request("DELETE", resource_path("", "v1", "pods", p["namespace"],

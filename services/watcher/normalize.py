@@ -37,8 +37,6 @@ from services.contracts.events import (
 PRODUCER = "watcher"
 
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
-# The scheduling gate the admission webhook puts on a queued Volcano Job's pods (ADR 0068).
-ADMISSION_GATE = "quartermaster.dev/admission"
 PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
 COST_CENTER_LABEL = "quartermaster.dev/cost-center"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -287,20 +285,6 @@ def _int_or_none(v: Any) -> int | None:
 def queue_label(obj: Mapping[str, Any]) -> str | None:
     """The object's kueue.x-k8s.io/queue-name label, if any."""
     return (_meta(obj).get("labels") or {}).get(QUEUE_NAME_LABEL) or None
-
-
-def admission_gated(pod: Mapping[str, Any]) -> bool:
-    """Whether the pod waits for Quartermaster's admission (its scheduling gate, ADR 0068)."""
-    return any(g.get("name") == ADMISSION_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or ())
-
-
-def volcano_owner(pod: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(uid, name) of the Volcano Job that controls the pod, or None."""
-    for ref in _meta(pod).get("ownerReferences") or ():
-        if (ref.get("controller") and ref.get("kind") == "Job"
-                and str(ref.get("apiVersion", "")).startswith("batch.volcano.sh/")):
-            return ref.get("uid", ""), ref.get("name", "")
-    return None
 
 
 def pod_workload(pod: Mapping[str, Any]) -> tuple[str | None, str | None]:

@@ -30,6 +30,8 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
+from services.core.held_pods import admission_gated, volcano_owner
+
 from . import normalize
 from .kube import Gone, Kube, KubeError, resource_path, sleep_backoff
 from .normalize import Flavor
@@ -407,7 +409,7 @@ class Watcher:
             job_queue = entry["queue"] = self._kept_queue(entry, obj)  # also for its pods' facts
         observations = normalize.observe(kind, obj, self.flavors, deleted=deleted, observed_at=self.clock(),
                                          owner_queue=owner_queue, job_queue=job_queue)
-        if kind == "pods" and not deleted and self.on_held_pod is not None and normalize.admission_gated(obj):
+        if kind == "pods" and not deleted and self.on_held_pod is not None and admission_gated(obj):
             task = asyncio.create_task(self._release_held_pod(obj), name=f"held pod {uid}")
             self._held_pod_tasks.add(task)
             task.add_done_callback(self._held_pod_tasks.discard)
@@ -482,7 +484,7 @@ class Watcher:
             return None
         if workload_uid in self._gone_job_queues:
             return self._gone_job_queues[workload_uid]  # pods deleted after their Job
-        owner = VOLCANO_JOBS if normalize.volcano_owner(pod) else JOBS
+        owner = VOLCANO_JOBS if volcano_owner(pod) else JOBS
         try:
             listed = await self.kube.get(owner.path,
                                          fieldSelector=f"metadata.namespace={namespace},metadata.name={workload_name}")

@@ -10,9 +10,11 @@ watcher → cluster runs for real.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -253,15 +255,18 @@ def cleanup_action(uid: str, namespace: str, name: str, *, reason: str = "TTLExp
 
 
 def gpu_job(name: str, namespace: str, *, pods: int, gpus_per_pod: int, queue: str = "team-ml",
-            run_s: float = 3.0, suspend: bool = True) -> dict[str, Any]:
+            run_s: float = 3.0, suspend: bool = True, cost_center: str | None = None) -> dict[str, Any]:
     """A Job as users submit it to Kueue: queue-name label, created suspended. kwok runs its
-    pods: ready after ~1s, complete after run_s (annotations read by kwok's pod stages)."""
+    pods: ready after ~1s, complete after run_s (annotations read by kwok's pod stages). With
+    `cost_center`, the label the policy library asks for."""
     run_ms = int(run_s * 1000)
+    labels = {"kueue.x-k8s.io/queue-name": queue}
+    if cost_center:
+        labels["quartermaster.dev/cost-center"] = cost_center
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": name, "namespace": namespace,
-                     "labels": {"kueue.x-k8s.io/queue-name": queue}},
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
         "spec": {
             "suspend": suspend,
             "parallelism": pods,
@@ -306,3 +311,42 @@ WEBHOOK_CONFIGS = {
     "ValidatingWebhookConfiguration": ("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations", False),
     "MutatingWebhookConfiguration": ("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations", False),
 }
+
+
+def webhook_certs(out: Path, port: int) -> Path:
+    """`qm webhook certs --url https://127.0.0.1:PORT` into `out` (tls.crt, tls.key, ...); the
+    path of the webhook configurations it wrote."""
+    made = subprocess.run([sys.executable, "-m", "services.cli.main", "webhook", "certs", str(out),
+                           "--url", f"https://127.0.0.1:{port}"], cwd=REPO, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    return out / "admission-webhook.yaml"
+
+
+async def register_webhooks(kube: Kube, configs: Path) -> list[dict[str, Any]]:
+    """Apply the webhook configurations in `configs`; the objects to `unregister_webhooks`."""
+    KINDS.update(WEBHOOK_CONFIGS)
+    registered = []
+    for config in yaml.safe_load_all(configs.read_text()):
+        if config:
+            registered.append(await apply(kube, config))
+    return registered
+
+
+async def unregister_webhooks(kube: Kube, registered: list[dict[str, Any]]) -> None:
+    """Delete them: they are cluster-wide, and the mutating one fails closed, so every later
+    test's labelled Job would be refused once the webhook is gone."""
+    for config in registered:
+        with contextlib.suppress(KubeError):
+            await kube.request("DELETE", obj_path(config, named=True))
+
+
+def volcano_pod(vcjob: dict[str, Any], i: int) -> dict[str, Any]:
+    """What Volcano's job controller makes: pod `i` of the Job's first task, from its stored
+    template (the webhook's labels included), labelled with the Job's name and owned by it."""
+    meta, template = vcjob["metadata"], vcjob["spec"]["tasks"][0]["template"]
+    return {"apiVersion": "v1", "kind": "Pod", "spec": template["spec"],
+            "metadata": {"name": f"{meta['name']}-worker-{i}", "namespace": meta["namespace"],
+                         "annotations": template["metadata"].get("annotations") or {},
+                         "labels": {**template["metadata"]["labels"], "volcano.sh/job-name": meta["name"]},
+                         "ownerReferences": [{"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+                                              "name": meta["name"], "uid": meta["uid"], "controller": True}]}}

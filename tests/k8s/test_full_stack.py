@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import uuid
@@ -22,13 +21,22 @@ from pathlib import Path
 
 import pytest
 import yaml
-from k8s_harness import KINDS, WEBHOOK_CONFIGS, ClusterInfo, apply, gpu_job, obj_path, wait_until
+from k8s_harness import (
+    ClusterInfo,
+    apply,
+    gpu_job,
+    register_webhooks,
+    unregister_webhooks,
+    volcano_pod,
+    wait_until,
+    webhook_certs,
+)
 
 from services.adapters.bus import Publisher, read_envelopes
 from services.cli.explain_cmd import read_all
 from services.contracts.codec import make_envelope
 from services.contracts.events import ClockTick
-from services.demo.stack import Stack
+from services.demo.stack import Stack, free_base_port
 from services.explain import Verdict, explain
 from services.watcher.kube import KubeError, resource_path
 
@@ -81,15 +89,10 @@ def webhook_env(request, tmp_path) -> dict[str, str]:
     `QM_TEST_WEBHOOK_CONFIGS`, for the stack to register once the services are up)."""
     if getattr(request, "param", None) != "webhook":
         return {}
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = tmp_path / "webhook"
-    made = subprocess.run([sys.executable, "-m", "services.cli.main", "webhook", "certs", str(out),
-                           "--url", f"https://127.0.0.1:{port}"], cwd=REPO, capture_output=True, text=True)
-    assert made.returncode == 0, made.stderr
-    return {"QM_WEBHOOK_PORT": str(port), "QM_WEBHOOK_CERT": str(out / "tls.crt"),
-            "QM_WEBHOOK_KEY": str(out / "tls.key"), "QM_TEST_WEBHOOK_CONFIGS": str(out / "admission-webhook.yaml")}
+    port = free_base_port(1)
+    configs = webhook_certs(tmp_path / "webhook", port)
+    return {"QM_WEBHOOK_PORT": str(port), "QM_WEBHOOK_CERT": str(configs.parent / "tls.crt"),
+            "QM_WEBHOOK_KEY": str(configs.parent / "tls.key"), "QM_TEST_WEBHOOK_CONFIGS": str(configs)}
 
 
 @pytest.fixture
@@ -114,18 +117,14 @@ async def stack(cluster: ClusterInfo, kafka_bootstrap, topic_prefix, tmp_path, c
     try:
         await asyncio.get_running_loop().run_in_executor(None, services.wait_ready)
         if webhook_env:
-            KINDS.update(WEBHOOK_CONFIGS)
-            for config in yaml.safe_load_all(Path(webhook_env["QM_TEST_WEBHOOK_CONFIGS"]).read_text()):
-                registered.append(await apply(admin, config))
+            registered = await register_webhooks(admin, Path(webhook_env["QM_TEST_WEBHOOK_CONFIGS"]))
         watcher = subprocess.Popen(
             [sys.executable, "-m", "services.watcher"], cwd=REPO, stdout=watcher_log, stderr=subprocess.STDOUT,
             env={**os.environ, **common, "PYTHONPATH": str(REPO), "QM_K8S_SERVER": cluster.server,
                  "QM_K8S_TOKEN_FILE": str(token), "QM_K8S_CA": cluster.ca_file, "QM_CLOCK_INTERVAL_S": "1"})
         yield services
     finally:
-        for config in registered:
-            with contextlib.suppress(KubeError):
-                await admin.request("DELETE", obj_path(config, named=True))
+        await unregister_webhooks(admin, registered)
         if watcher is not None:
             watcher.terminate()
             watcher.wait(30)
@@ -163,13 +162,13 @@ async def clear_queued_jobs(admin) -> None:
     await wait_until(gone, 60, what="the earlier tests' Jobs deleted")
 
 
-def gpu_only_job(name: str, *, queue: str = "team-ml", cost_center: str | None = "cc-ml", suspend: bool = True):
-    """gpu_job with GPUs only, as the field report's Job: its gpu-queue covers nvidia.com/gpu
-    alone, and (as in Kueue) a request for anything else would find no flavor. The policy
-    library asks for the cost-center label."""
-    spec = gpu_job(name, "ml-team", pods=2, gpus_per_pod=4, run_s=3, queue=queue, suspend=suspend)
-    if cost_center:
-        spec["metadata"]["labels"]["quartermaster.dev/cost-center"] = cost_center
+def gpu_only_job(name: str, *, queue: str = "team-ml", cost_center: str | None = "cc-ml", suspend: bool = True,
+                 pods: int = 2, run_s: float = 3):
+    """gpu_job with GPUs only (4 a pod), as the field report's Job: its gpu-queue covers
+    nvidia.com/gpu alone, and (as in Kueue) a request for anything else would find no flavor.
+    The policy library asks for the cost-center label."""
+    spec = gpu_job(name, "ml-team", pods=pods, gpus_per_pod=4, run_s=run_s, queue=queue, suspend=suspend,
+                   cost_center=cost_center)
     for container in spec["spec"]["template"]["spec"]["containers"]:
         container["resources"] = {"limits": {"nvidia.com/gpu": "4"}}
     return spec
@@ -399,10 +398,7 @@ async def test_the_field_reports_volcano_walk_through(stack, admin, volcano_jobs
     watcher releases the pods onto A100 nodes; they run; Volcano marks the Job Completed, and
     its quota is released and its GPU time billed. While it runs, a Job that would pass the
     namespace's 32 GPUs is refused at creation, with the numbers."""
-    running_12 = gpu_job(f"running-12-{uuid.uuid4().hex[:6]}", "ml-team", pods=3, gpus_per_pod=4, run_s=600)
-    running_12["metadata"]["labels"]["quartermaster.dev/cost-center"] = "cc-ml"
-    for container in running_12["spec"]["template"]["spec"]["containers"]:
-        container["resources"] = {"limits": {"nvidia.com/gpu": "4"}}
+    running_12 = gpu_only_job(f"running-12-{uuid.uuid4().hex[:6]}", pods=3, run_s=600)
     first = await apply(admin, running_12)
     name = f"dist-train-{uuid.uuid4().hex[:6]}"
     try:
@@ -426,15 +422,8 @@ async def test_the_field_reports_volcano_walk_through(stack, admin, volcano_jobs
         stored = created["spec"]["tasks"][0]["template"]
         assert stored["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-ml"  # the webhook's
 
-        pods = []
-        for i in range(4):  # Volcano's job controller makes the gang's pods
-            pods.append(await admin.request("POST", resource_path("", "v1", "pods", "ml-team"), body={
-                "apiVersion": "v1", "kind": "Pod", "spec": stored["spec"],
-                "metadata": {"name": f"{name}-worker-{i}", "namespace": "ml-team",
-                             "annotations": stored["metadata"]["annotations"],
-                             "labels": {**stored["metadata"]["labels"], "volcano.sh/job-name": name},
-                             "ownerReferences": [{"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
-                                                  "name": name, "uid": uid, "controller": True}]}}))
+        pods = [await admin.request("POST", resource_path("", "v1", "pods", "ml-team"), body=volcano_pod(created, i))
+                for i in range(4)]  # Volcano's job controller makes the gang's pods
         assert all(p["spec"]["schedulingGates"] == [{"name": "quartermaster.dev/admission"}] for p in pods)
         try:
             await wait_until(lambda: has("qm.workloads", uid, "pod.running.v1", 4), 120, what="the 4 pods running")

@@ -14,16 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 from k8s_harness import (
-    KINDS,
     REPO,
     WEBHOOK_CONFIGS,
     EventLog,
@@ -31,10 +26,15 @@ from k8s_harness import (
     apply,
     evict_action,
     gpu_job,
+    register_webhooks,
+    unregister_webhooks,
+    volcano_pod,
     wait_until,
+    webhook_certs,
 )
 
 from services.admission.webhook import make_app, serve
+from services.demo.stack import free_base_port
 from services.policy import PolicySet
 from services.policy.live import StaticLiveState
 from services.watcher import normalize
@@ -48,17 +48,9 @@ pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 NS = "ml-team"
 A100 = {"a100-flavor": Flavor("a100-flavor", {"gpu.nvidia.com/class": "a100"})}
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def team_job(name: str, **kw) -> dict:
     """A Job as the policy library wants it: its queue and its cost center named."""
-    job = gpu_job(name, NS, **kw)
-    job["metadata"]["labels"]["quartermaster.dev/cost-center"] = "cc-ml"
-    return job
+    return gpu_job(name, NS, cost_center="cc-ml", **kw)
 
 
 def job_path(name: str) -> str:
@@ -69,29 +61,22 @@ def job_path(name: str) -> str:
 async def webhook(admin: Kube, tmp_path: Path):
     """The webhook on a free loopback port, registered with the API server by the configurations
     `qm webhook certs` wrote. Yields the registered configurations."""
-    port = free_port()
-    out = tmp_path / "webhook"
-    made = subprocess.run([sys.executable, "-m", "services.cli.main", "webhook", "certs", str(out),
-                           "--url", f"https://127.0.0.1:{port}"], cwd=REPO, capture_output=True, text=True)
-    assert made.returncode == 0, made.stderr
+    port = free_base_port(1)
+    configs = webhook_certs(tmp_path / "webhook", port)
     namespace = await admin.get(resource_path("", "v1", "namespaces", None, NS))
     live = StaticLiveState.build(  # the replica's view: ml-team has 28 of its 32 GPUs in use
         namespaces=[namespace],
         usages=[{"namespace": NS, "reserved": {}, "running": {"a100-flavor": {"nvidia.com/gpu": 28_000}},
                  "total": {"nvidia.com/gpu": 28_000}}])
     policies = PolicySet.load(REPO / "policies" / "library")
-    runner = await serve(make_app(lambda: policies, live), "127.0.0.1", port, out / "tls.crt", out / "tls.key")
-    configs = [d for d in yaml.safe_load_all((out / "admission-webhook.yaml").read_text()) if d]
-    KINDS.update(WEBHOOK_CONFIGS)
+    runner = await serve(make_app(lambda: policies, live), "127.0.0.1", port,
+                         configs.parent / "tls.crt", configs.parent / "tls.key")
+    registered = []
     try:
-        for config in configs:
-            await apply(admin, config)
-        yield configs
+        registered = await register_webhooks(admin, configs)
+        yield registered
     finally:
-        for config in configs:
-            group, version, plural, _ = WEBHOOK_CONFIGS[config["kind"]]
-            with contextlib.suppress(KubeError):
-                await admin.request("DELETE", resource_path(group, version, plural, None, config["metadata"]["name"]))
+        await unregister_webhooks(admin, registered)
         await runner.cleanup()
 
 
@@ -165,18 +150,10 @@ async def test_a_volcano_job_is_held_by_its_pods_gate_until_admitted_and_again_a
                  "spec": {"minAvailable": 2, "tasks": [{"name": "worker", "replicas": 2, "template": template}]}}
         created = await admin.request("POST", volcano_jobs, body=vcjob)
         uid = created["metadata"]["uid"]
-        stored_template = created["spec"]["tasks"][0]["template"]
-        assert stored_template["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-ml"  # the webhook's
+        assert created["spec"]["tasks"][0]["template"]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-ml"  # the webhook's
 
         async def volcano_makes_pod(i: int) -> dict:
-            """What Volcano's job controller does: a pod from the task template, owned by the Job."""
-            meta = stored_template["metadata"]
-            return await admin.request("POST", resource_path("", "v1", "pods", NS), body={
-                "apiVersion": "v1", "kind": "Pod", "spec": stored_template["spec"],
-                "metadata": {"name": f"{name}-worker-{i}", "namespace": NS, "annotations": meta["annotations"],
-                             "labels": {**meta["labels"], "volcano.sh/job-name": name},
-                             "ownerReferences": [{"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
-                                                  "name": name, "uid": uid, "controller": True}]}})
+            return await admin.request("POST", resource_path("", "v1", "pods", NS), body=volcano_pod(created, i))
 
         def running(pod_name: str) -> list[dict]:
             return [e["payload"] for e in log.events(normalize.POD_RUNNING) if e["payload"]["name"] == pod_name]

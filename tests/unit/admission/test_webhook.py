@@ -3,13 +3,13 @@
 import asyncio
 import base64
 import json
-import socket
 import ssl
 
 import aiohttp
 import pytest
 
 from services.admission.webhook import make_app, mutation_patch, queue_change_refusal, serve
+from services.demo.stack import free_base_port
 from services.policy import PolicySet
 from services.policy.live import StaticLiveState
 from services.policy.loader import Document
@@ -107,16 +107,10 @@ def review(obj, operation="CREATE", uid="705ab4f5-6393-11e8-b7cc-42010a800002"):
     }
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 async def webhook(tls_files):
     cert, key = tls_files
-    port = free_port()
+    port = free_base_port(1)
     app = make_app(lambda: POLICIES, LIVE)
     runner = await serve(app, "127.0.0.1", port, cert, key)
     ctx = ssl.create_default_context(cafile=str(cert))  # verifies the server cert and hostname
@@ -228,7 +222,7 @@ def test_a_volcano_jobs_queue_label_cannot_be_added_either():
 
 async def test_a_queue_label_change_is_refused_over_https_even_before_policies_load(tls_files):
     cert, key = tls_files
-    port = free_port()
+    port = free_base_port(1)
     runner = await serve(make_app(lambda: None, LIVE), "127.0.0.1", port, cert, key)
     try:
         ctx = ssl.create_default_context(cafile=str(cert))
@@ -342,7 +336,7 @@ spec:
 async def test_a_policy_that_reads_the_cluster_sees_its_live_signals(tls_files):
     """A policy reading `cluster` judges by the live state's signals."""
     cert, key = tls_files
-    port = free_port()
+    port = free_base_port(1)
     busy = StaticLiveState.build(namespaces=LIVE.namespaces.values(), cluster={"gpuUtilization": 0.95})
     quiet = StaticLiveState.build(namespaces=LIVE.namespaces.values(), cluster={"gpuUtilization": 0.5})
     answers = []

@@ -3,7 +3,6 @@
 import base64
 import datetime as dt
 import ipaddress
-import socket
 import ssl
 
 import aiohttp
@@ -17,6 +16,7 @@ from services.admission.webhook import make_app, serve
 from services.admission.webhook_certs import issue, service_names, with_ca_bundle
 from services.cli import webhook_cmd
 from services.cli.webhook_cmd import MANIFEST
+from services.demo.stack import free_base_port
 from services.policy.live import StaticLiveState
 
 
@@ -66,17 +66,11 @@ def test_with_a_url_the_webhooks_call_it_and_the_service_is_left_out():
     assert all("service" not in w["clientConfig"] for d in docs for w in d["webhooks"])
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def test_the_webhook_serves_the_certificate_and_a_client_trusting_the_ca_accepts_it(tmp_path):
     tls = issue(["localhost", "127.0.0.1"])
     (tmp_path / "tls.crt").write_bytes(tls.cert)
     (tmp_path / "tls.key").write_bytes(tls.key)
-    port = free_port()
+    port = free_base_port(1)
     runner = await serve(make_app(lambda: None, StaticLiveState()), "127.0.0.1", port,
                          tmp_path / "tls.crt", tmp_path / "tls.key")
     try:
