@@ -1,7 +1,9 @@
 """`make bench-webhook`: p50/p99/p999 of /validate over HTTPS on loopback at fixed rates.
 
 * The webhook runs in its own process (`python -m services.admission.webhook`) with the
-  built-in policy library (5 policies) and a live-state file; TLS from a self-signed cert.
+  built-in policy library (5 policies), a live-state file and the field report's queues
+  (examples/seed: a queued Job allowed as created is judged once more on the flavor its queue
+  would give it, ADR 0070); TLS from a self-signed cert.
 * This process is the load generator: open loop (requests are *scheduled* at a fixed
   rate, not sent when the previous one returns), so a slow server shows up as latency
   instead of silently lowering the rate. Latency is measured from the scheduled time, so
@@ -284,7 +286,7 @@ def main() -> int:
         port = _free_port()
         server = subprocess.Popen(
             [sys.executable, "-m", "services.admission.webhook", "--policies", str(ROOT / "policies" / "library"),
-             "--state", str(state), "--host", "127.0.0.1", "--port", str(port), "--cert", str(cert), "--key", str(key)],
+             "--state", str(state), "--config", str(ROOT / "examples" / "seed"), "--host", "127.0.0.1", "--port", str(port), "--cert", str(cert), "--key", str(key)],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         try:

@@ -29,13 +29,13 @@ from services.adapters.kueue_config import KueueConfig
 from services.adapters.live_replica import LiveReplica
 from services.adapters.runtime import FETCH_MAX_WAIT_MS, FETCH_MIN_BYTES, Output, ServiceRuntime
 from services.adapters.settings import Settings, milliseconds_env, whole_number_env
-from services.admission import translate
+from services.admission import placement, translate
 from services.admission.cohort_stream import cohort_stream_outputs
 from services.admission.fact_lane import FactLane, run_forever
 from services.contracts.codec import Envelope, make_envelope
 from services.contracts.events import ConfigSnapshot, WorkloadSubmitted
 from services.core.quota import ConfigError
-from services.policy import EnforcementPoint, evaluate
+from services.policy import AdmissionDecision, EnforcementPoint, evaluate
 from services.policy.errors import PolicyError
 from services.policy.store import PolicyStore
 from services.policy.views import cost_center_of
@@ -77,23 +77,30 @@ def decide(submitted: WorkloadSubmitted, cause: Envelope) -> list[Output]:
     key = config.routing_key(submitted.namespace, submitted.queue_name)
     obj = translate.kubernetes_object(submitted)
     namespace_object = replica.namespace(submitted.namespace)
-    decision = evaluate(
-        policies.current(), obj, namespace_object,
-        usage=replica.usage(submitted.namespace),
-        budget=replica.budget(cost_center_of(obj, namespace_object)),
-        cluster=replica.cluster,  # computed only if a policy reads it
-        enforcement_point=EnforcementPoint.BUS,
-    )
+    policy_set, usage = policies.current(), replica.usage(submitted.namespace)
+    budget = replica.budget(cost_center_of(obj, namespace_object))
+
+    def judge(o: dict) -> AdmissionDecision:
+        return evaluate(policy_set, o, namespace_object, usage=usage, budget=budget,
+                        cluster=replica.cluster,  # computed only if a policy reads it
+                        enforcement_point=EnforcementPoint.BUS)
+
+    decision = judge(obj)
     if not decision.allowed:
         REJECTED.inc()
         return [out(translate.rejected(submitted, decision.violations), key or submitted.namespace)]
     if cluster_queue is None or key is None:
         NOT_IN_A_QUEUE.inc()
         return [out(translate.not_in_a_queue(submitted), submitted.namespace)]
+    # and where it would run: each flavor its queue could give it (ADR 0070)
+    placements = placement.judge(judge, obj, config.objects, cluster_queue, submitted.pod_sets)
+    if placements.dead_ends:
+        REJECTED.inc()
+        return [out(translate.rejected(submitted, placement.dead_end_violations(placements, cluster_queue)), key)]
     VALIDATED.inc()
     cohort = config.objects.cluster_queues[cluster_queue].cohort
     return [out(translate.validated(submitted, cluster_queue, cohort, decision.warnings,
-                                    config.objects.priority_classes), key)]
+                                    config.objects.priority_classes, placements.refused_flavors()), key)]
 
 
 # Submissions wait while the queue-manager is more than this many records behind on qm.workloads
@@ -244,7 +251,7 @@ async def serve_webhook() -> None:
         return
     from services.admission.webhook import make_app, serve
 
-    await serve(make_app(policies.current, replica), settings.web_host, int(port),
+    await serve(make_app(policies.current, replica, queues=lambda: config.objects), settings.web_host, int(port),
                 os.environ.get("QM_WEBHOOK_CERT"), os.environ.get("QM_WEBHOOK_KEY"))
 
 

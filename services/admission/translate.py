@@ -28,10 +28,13 @@ def kubernetes_object(w: WorkloadSubmitted) -> dict[str, Any]:
         "creationTimestamp": w.created_at,
     }
 
-    def pod_spec(requests: dict[str, int]) -> dict[str, Any]:
-        quantities = _resources(requests)
+    def pod_spec(ps: dict[str, Any]) -> dict[str, Any]:
+        quantities = _resources(ps["requests"])
         limits = {r: q for r, q in quantities.items() if "/" in r}  # extended resources
-        return {"containers": [{"name": "main", "resources": {"requests": quantities, "limits": limits}}]}
+        spec: dict[str, Any] = {"containers": [{"name": "main", "resources": {"requests": quantities, "limits": limits}}]}
+        if ps.get("node_selector"):
+            spec["nodeSelector"] = dict(ps["node_selector"])
+        return spec
 
     if w.kind == "Job" and len(w.pod_sets) == 1:
         ps = w.pod_sets[0]
@@ -43,14 +46,14 @@ def kubernetes_object(w: WorkloadSubmitted) -> dict[str, Any]:
                 "parallelism": ps["count"],
                 "completions": ps["count"],
                 "suspend": True,
-                "template": {"spec": pod_spec(ps["requests"])},
+                "template": {"spec": pod_spec(ps)},
             },
         }
     spec: dict[str, Any] = {
         "queueName": w.queue_name,
         "podSets": [
             {"name": ps["name"], "count": ps["count"], **({"minCount": ps["min_count"]} if ps.get("min_count") else {}),
-             "template": {"spec": pod_spec(ps["requests"])}}
+             "template": {"spec": pod_spec(ps)}}
             for ps in w.pod_sets
         ],
     }
@@ -77,12 +80,17 @@ def priority_of(w: WorkloadSubmitted, priority_classes: Mapping[str, int]) -> tu
 
 
 def validated(w: WorkloadSubmitted, cluster_queue: str, cohort: str | None, warnings: tuple[str, ...],
-              priority_classes: Mapping[str, int]) -> WorkloadValidated:
+              priority_classes: Mapping[str, int], refused_flavors: Mapping[str, str] | None = None) -> WorkloadValidated:
+    """`refused_flavors`: flavor -> why the policies refuse the workload there (ADR 0070), on
+    every pod set, where the queue-manager's flavor assignment reads it."""
     priority, unknown = priority_of(w, priority_classes)
+    pod_sets = w.pod_sets
+    if refused_flavors:
+        pod_sets = [{**ps, "refused_flavors": dict(refused_flavors)} for ps in pod_sets]
     return WorkloadValidated(
         uid=w.uid, namespace=w.namespace, name=w.name, queue_name=w.queue_name or "",
         cluster_queue=cluster_queue, cohort=cohort, priority=priority, priority_class=w.priority_class,
-        pod_sets=w.pod_sets, labels=w.labels, created_at=w.created_at,
+        pod_sets=pod_sets, labels=w.labels, created_at=w.created_at,
         warnings=[*warnings, unknown] if unknown else list(warnings),
     )
 

@@ -211,7 +211,10 @@ def _describe(e: Envelope, names: dict[str, str]) -> tuple[str, str]:
         return "submitted", f"{p.kind} asking {_requests(p.pod_sets)}; queue {queue or '(none: no queue-name label)'}"
     if t == "workload.validated.v1":
         warn = f"; warnings: {'; '.join(p.warnings)}" if p.warnings else ""
-        return "validated", f"admission allowed it into ClusterQueue {p.cluster_queue} (LocalQueue {p.queue_name}){warn}"
+        refused = sorted({f for ps in p.pod_sets for f in ps.get("refused_flavors") or {}})
+        kept_off = f"; kept off flavor(s) {', '.join(refused)} by its policies (ADR 0070)" if refused else ""
+        return "validated", (f"admission allowed it into ClusterQueue {p.cluster_queue} (LocalQueue {p.queue_name})"
+                             f"{kept_off}{warn}")
     if t == "workload.rejected.v1":
         rules = ", ".join(v.get("policy", "?") for v in p.violations) or "?"
         return "rejected", f"by {rules}: {p.message}"
@@ -415,6 +418,18 @@ def _holders_text(holders: Sequence[Holder], limit: int = 5) -> str:
     return "; ".join(parts) + more
 
 
+_REFUSED_FLAVOR = re.compile(r"flavor (\S+) refused by policy")
+
+
+def _policy_refusal_steps(message: str) -> list[str]:
+    """What to do about flavors the admission policies keep a workload off (ADR 0070)."""
+    refused = sorted(set(_REFUSED_FLAVOR.findall(message)))
+    if not refused:
+        return []
+    return [f"its policies keep it off flavor(s) {', '.join(refused)}, so it waits for the others: do what the "
+            "policy's message asks (an approval label on the namespace, say) to have them too"]
+
+
 def explain(workload_key: str, envelopes: Iterable[Envelope]) -> Explanation:
     """The trail of ``<namespace>/<name>`` in ``envelopes`` (any topics, any order) and the reason
     it is where it is."""
@@ -614,7 +629,7 @@ def explain(workload_key: str, envelopes: Iterable[Envelope]) -> Explanation:
                 f"{workload_key} waits: {message}. No flavor of the ClusterQueue matches the workload's node "
                 "selector/affinity, so quota cannot be assigned whatever is free.",
                 ["align the Job's nodeSelector with a ResourceFlavor's nodeLabels, or add that flavor to the "
-                 "ClusterQueue"],
+                 "ClusterQueue", *_policy_refusal_steps(message)],
                 cq=p.cluster_queue or cq,
             )
         queue = p.cluster_queue or cq
@@ -626,6 +641,7 @@ def explain(workload_key: str, envelopes: Iterable[Envelope]) -> Explanation:
                 f"{len(idle)} holder(s) reserve quota without running ({', '.join(h.workload for h in idle[:3])}): "
                 "zombie or stuck jobs — clean them up or set a TTL; their reservations expire after podsReadyTimeout"
             )
+        steps += _policy_refusal_steps(message)
         if reason == "ExceedsMaxQuota":
             steps.append("the request is larger than the ClusterQueue can ever give (nominal + borrowing): "
                          "make it smaller or raise the quota")

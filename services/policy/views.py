@@ -16,6 +16,8 @@ from services.policy.quantity import quantity_milli
 GPU = "nvidia.com/gpu"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+#: The flavor the watcher's Admit put a Job on (services/watcher/actuate.py ANN_ADMITTED_FLAVOR)
+ADMITTED_FLAVOR_ANNOTATION = "quartermaster.dev/admitted-flavor"
 COST_CENTER_LABELS = ("quartermaster.dev/cost-center", "cost-center")
 
 
@@ -150,6 +152,12 @@ def workload_view(obj: dict[str, Any], namespace_object: dict[str, Any] | None =
                 node_labels.setdefault("kueue.x-k8s.io/flavor", [])
                 if flavor not in node_labels["kueue.x-k8s.io/flavor"]:
                     node_labels["kueue.x-k8s.io/flavor"].append(flavor)
+    # where the watcher's Admit put it (admission judges each flavor so, ADR 0070)
+    admitted_flavor = (meta.get("annotations") or {}).get(ADMITTED_FLAVOR_ANNOTATION)
+    if admitted_flavor:
+        flavors = node_labels.setdefault("kueue.x-k8s.io/flavor", [])
+        if admitted_flavor not in flavors:
+            flavors.append(str(admitted_flavor))
     priority_class = str(labels.get(PRIORITY_LABEL, "")) or priority_class
     gpu_milli = totals.get(GPU, 0)
     return {

@@ -220,7 +220,8 @@ def decide(payload: PreemptionNeeded, state: dict, now: float, ctx: Context) -> 
         queue_name=_queue_name(objects, p),
         pod_sets=tuple(
             PodSet(name=ps["name"], count=int(ps["count"]), requests=tuple(sorted(ps["requests"].items())),
-                   min_count=ps.get("min_count"))
+                   min_count=ps.get("min_count"), node_selector=tuple(sorted((ps.get("node_selector") or {}).items())),
+                   refused_flavors=tuple(sorted((ps.get("refused_flavors") or {}).items())))
             for ps in p.get("pod_sets") or []
         ),
         priority=int(p["priority"]),

@@ -619,8 +619,8 @@ def _pending_view(w: dict) -> tuple[dict, CoreWorkload, tuple, tuple, tuple]:
         return memo
     if len(_CORE_WORKLOADS) > 200_000:  # (entries leave on admission; this bounds the withdrawn)
         _CORE_WORKLOADS.clear()
-    shape = tuple((ps["name"], ps.get("min_count") or ps["count"], tuple(sorted(ps["requests"].items())))
-                  for ps in w["pod_sets"])
+    shape = tuple((ps["name"], ps.get("min_count") or ps["count"], tuple(sorted(ps["requests"].items())),
+                   _pairs(ps, "node_selector"), _pairs(ps, "refused_flavors")) for ps in w["pod_sets"])
     order = (w["created_at"], w["uid"])
     memo = (w, _convert_pending(w), (w["cluster_queue"], w["priority"], shape), order, (-w["priority"], *order))
     _CORE_WORKLOADS[w["uid"]] = memo
@@ -635,16 +635,23 @@ _DRAIN_ORDER = itemgetter(4)
 _POD_SETS: dict[tuple, tuple[PodSet, ...]] = {}
 
 
+def _pairs(ps: dict, field: str) -> tuple[tuple[str, str], ...]:
+    """A pod set's nodeSelector or refused flavors as the core reads them (ADR 0070)."""
+    mapping = ps.get(field)
+    return tuple(sorted(mapping.items())) if mapping else ()
+
+
 def _shared_pod_sets(pod_sets: list[dict]) -> tuple[PodSet, ...]:
-    fields = tuple((ps["name"], ps["count"], tuple(sorted(ps["requests"].items())), ps.get("min_count"))
-                   for ps in pod_sets)
+    fields = tuple((ps["name"], ps["count"], tuple(sorted(ps["requests"].items())), ps.get("min_count"),
+                    _pairs(ps, "node_selector"), _pairs(ps, "refused_flavors")) for ps in pod_sets)
     shared = _POD_SETS.get(fields)
     if shared is None:
         if len(_POD_SETS) > 4096:
             _POD_SETS.clear()
         shared = _POD_SETS[fields] = tuple(
-            PodSet(name=name, count=count, requests=requests, min_count=min_count)
-            for name, count, requests, min_count in fields
+            PodSet(name=name, count=count, requests=requests, min_count=min_count, node_selector=selector,
+                   refused_flavors=refused)
+            for name, count, requests, min_count, selector, refused in fields
         )
     return shared
 
@@ -1010,7 +1017,7 @@ def _how_many_fit(cq: Any, shape: tuple) -> int:
     """An upper bound of how many workloads of `shape` the queue could admit now: per resource,
     the most any of its flavors has available (borrowing included) over what one asks."""
     need: dict[str, int] = {}
-    for _, count, requests in shape:
+    for _, count, requests, *_ in shape:
         for resource, per_pod in requests:
             need[resource] = need.get(resource, 0) + per_pod * count
     fit = None

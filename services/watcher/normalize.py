@@ -202,6 +202,11 @@ def _pod_set(name: str, count: int, pod_spec: Mapping[str, Any], min_count: int 
     ps: dict[str, Any] = {"name": name, "count": count, "requests": pod_requests_milli(pod_spec)}
     if min_count is not None and 1 <= min_count < count:
         ps["min_count"] = min_count
+    # Flavor assignment honours it, as Kueue's does: a Job asking for h100 nodes is never given
+    # a100 quota (and then pinned to a100 nodes over its own selector; ADR 0070)
+    selector = {str(k): str(v) for k, v in (pod_spec.get("nodeSelector") or {}).items()}
+    if selector:
+        ps["node_selector"] = dict(sorted(selector.items()))
     return ps
 
 

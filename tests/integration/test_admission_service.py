@@ -29,6 +29,9 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 AT = "2026-11-29T10:00:00Z"
 LABELS = {"kueue.x-k8s.io/queue-name": "team-ml", "quartermaster.dev/cost-center": "cc-ml"}
+# an approved project: the seed's gpu-queue offers only A100s, which the policy library keeps
+# for approved namespaces (ADR 0070)
+ML_TEAM_LABELS = {"quartermaster.dev/cost-center": "cc-ml", "quartermaster.dev/approved": "true"}
 
 
 def submitted(name: str, gpus: int, labels=LABELS, queue="team-ml", namespace="ml-team"):
@@ -56,7 +59,7 @@ def admission_env(topic_prefix: str, tmp_path) -> dict[str, str]:
 async def publish_the_namespace(kafka_bootstrap: str, topic_prefix: str) -> None:
     """ml-team with its cost center: the namespace the policies look up."""
     async with Publisher(kafka_bootstrap, topic_prefix) as bus:
-        ns = NamespaceLabels(namespace="ml-team", labels={"quartermaster.dev/cost-center": "cc-ml"})
+        ns = NamespaceLabels(namespace="ml-team", labels=ML_TEAM_LABELS)
         await bus.publish("qm.cluster", "ml-team", make_envelope(ns, producer="test", occurred_at=AT))
         await bus.flush()
 
@@ -69,7 +72,7 @@ async def verdicts(bootstrap, prefix) -> dict[str, object]:
 async def test_namespace_gpu_maximum_counts_live_usage(kafka_bootstrap, topic_prefix, tmp_path):
     env = admission_env(topic_prefix, tmp_path)
     async with Publisher(kafka_bootstrap, topic_prefix) as bus:
-        ns = NamespaceLabels(namespace="ml-team", labels={"quartermaster.dev/cost-center": "cc-ml"})
+        ns = NamespaceLabels(namespace="ml-team", labels=ML_TEAM_LABELS)
         await bus.publish("qm.cluster", "ml-team", make_envelope(ns, producer="test", occurred_at=AT))
         await bus.publish("qm.usage", "ml-team", usage(28, "28"))
         await bus.flush()
@@ -317,3 +320,112 @@ async def test_submissions_wait_while_the_queue_manager_is_behind(kafka_bootstra
         assert not pace()["paused"] and pace()["pauses"] == 1
     finally:
         worker.stop()
+
+
+TWO_CLASSES = """
+apiVersion: kueue.x-k8s.io/v1beta1
+kind: ResourceFlavor
+metadata: {name: a100-flavor}
+spec: {nodeLabels: {gpu.nvidia.com/class: a100}}
+---
+apiVersion: kueue.x-k8s.io/v1beta1
+kind: ResourceFlavor
+metadata: {name: h100-flavor}
+spec: {nodeLabels: {gpu.nvidia.com/class: h100}}
+---
+apiVersion: kueue.x-k8s.io/v1beta1
+kind: ClusterQueue
+metadata: {name: gpu-queue}
+spec:
+  namespaceSelector: {}
+  resourceGroups:
+  - coveredResources: [nvidia.com/gpu]
+    flavors:
+    - {name: a100-flavor, resources: [{name: nvidia.com/gpu, nominalQuota: 8}]}
+    - {name: h100-flavor, resources: [{name: nvidia.com/gpu, nominalQuota: 8}]}
+---
+apiVersion: kueue.x-k8s.io/v1beta1
+kind: LocalQueue
+metadata: {name: team-ml, namespace: ml-team}
+spec: {clusterQueue: gpu-queue}
+"""
+
+
+async def trail(bootstrap: str, topic: str) -> list:
+    return [e async for _, e in read_envelopes(bootstrap, topic) if not isinstance(e, Exception)]
+
+
+def pinned(name: str, gpus: int, gpu_class: str | None = None):
+    """A Job of ml-team, its pods pinned to a GPU class by nodeSelector, or not."""
+    envelope = submitted(name, gpus)
+    if gpu_class:
+        envelope.payload.pod_sets[0]["node_selector"] = {"gpu.nvidia.com/class": gpu_class}
+    return envelope
+
+
+async def test_an_unapproved_namespace_is_kept_off_a100s_however_its_job_asks(kafka_bootstrap, topic_prefix, tmp_path):
+    """ADR 0070, on the broker with admission and the queue-manager: ml-team, not approved, in a
+    queue of A100s and H100s. A Job pinned to A100s is refused; one pinned to H100s, and one that
+    names no class, are given H100s, where the first flavor that fits used to be A100."""
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "kueue.yaml").write_text(TWO_CLASSES)
+    env = {**admission_env(topic_prefix, tmp_path), "QM_CONFIG_DIR": str(config)}
+    async with Publisher(kafka_bootstrap, topic_prefix) as bus:
+        ns = NamespaceLabels(namespace="ml-team", labels={"quartermaster.dev/cost-center": "cc-ml"})
+        await bus.publish("qm.cluster", "ml-team", make_envelope(ns, producer="test", occurred_at=AT))
+        await bus.flush()
+    admission = start_worker("services.admission", env, tmp_path / "admission.log")
+    queue_manager = start_worker("services.queue_manager", env, tmp_path / "qm.log")
+    try:
+        admission.wait_ready()
+        queue_manager.wait_ready()
+        async with Publisher(kafka_bootstrap, topic_prefix) as bus:
+            for e in [pinned("on-a100", 4, "a100"), pinned("on-h100", 4, "h100"), pinned("any-class", 4)]:
+                await bus.publish("qm.cluster", e.payload.uid, e)
+            await bus.flush()
+
+        async def decided():
+            seen = {(e.payload.name, e.event_type) for e in await trail(kafka_bootstrap, topic_prefix + "qm.workloads")}
+            return {("on-a100", "workload.rejected.v1"), ("on-h100", "workload.quota_reserved.v1"),
+                    ("any-class", "workload.quota_reserved.v1")} <= seen
+
+        await wait_for(decided, 90, "a rejection and two reservations")
+        said = await trail(kafka_bootstrap, topic_prefix + "qm.workloads")
+    finally:
+        admission.stop()
+        queue_manager.stop()
+
+    by = {(e.payload.name, e.event_type): e.payload for e in said}
+    assert "[a100-approved-projects] namespace ml-team is not approved for a100" in by["on-a100", "workload.rejected.v1"].message
+    for name in ("on-h100", "any-class"):
+        assert by[name, "workload.quota_reserved.v1"].flavors == {"main": {"nvidia.com/gpu": "h100-flavor"}}
+    refused = by["any-class", "workload.validated.v1"].pod_sets[0]["refused_flavors"]
+    assert list(refused) == ["a100-flavor"] and "[a100-approved-projects]" in refused["a100-flavor"]
+    assert "refused_flavors" not in by["on-h100", "workload.validated.v1"].pod_sets[0]  # a100 was never on offer
+
+
+async def test_a_queue_of_nothing_but_refused_flavors_is_a_refusal_that_says_so(kafka_bootstrap, topic_prefix, tmp_path):
+    """The field report's queue offers A100s alone: ml-team, not approved, can never run there,
+    so its Job is refused at once rather than left to wait for ever."""
+    async with Publisher(kafka_bootstrap, topic_prefix) as bus:
+        ns = NamespaceLabels(namespace="ml-team", labels={"quartermaster.dev/cost-center": "cc-ml"})
+        await bus.publish("qm.cluster", "ml-team", make_envelope(ns, producer="test", occurred_at=AT))
+        await bus.publish("qm.cluster", "uid-unpinned", submitted("unpinned", 4))
+        await bus.flush()
+    worker = start_worker("services.admission", admission_env(topic_prefix, tmp_path), tmp_path / "admission.log")
+    try:
+        worker.wait_ready()
+
+        async def judged():
+            return "unpinned" in await verdicts(kafka_bootstrap, topic_prefix)
+
+        await wait_for(judged, 60, "the verdict")
+        verdict = (await verdicts(kafka_bootstrap, topic_prefix))["unpinned"]
+    finally:
+        worker.stop()
+    assert verdict.event_type == "workload.rejected.v1"
+    assert verdict.payload.violations[0]["policy"] == "a100-approved-projects"
+    assert "namespace ml-team is not approved for a100" in verdict.payload.message
+    assert ("if admitted to flavor a100-flavor; ClusterQueue gpu-queue offers nvidia.com/gpu to pod set main only "
+            "on a100-flavor, and the policies refuse each") in verdict.payload.message

@@ -61,6 +61,15 @@ def test_job_with_queue_label_is_a_submitted_workload():
     assert ps["requests"] == {"cpu": 4000, "memory": 2**30 * 1000, "nvidia.com/gpu": 8000}
 
 
+def test_a_pod_sets_node_selector_travels_with_it():
+    """The queue-manager assigns only flavors that agree with it (ADR 0070)."""
+    j = job()
+    j["spec"]["template"]["spec"]["nodeSelector"] = {"gpu.nvidia.com/class": "h100", "a-zone": "z1"}
+    ps = valid(n.workload_submitted(j))["pod_sets"][0]
+    assert ps["node_selector"] == {"a-zone": "z1", "gpu.nvidia.com/class": "h100"}
+    assert "node_selector" not in valid(n.workload_submitted(job()))["pod_sets"][0]
+
+
 @pytest.mark.parametrize("parallelism,completions,count", [(4, 2, 2), (2, 10, 2), (3, None, 3), (None, None, 1)])
 def test_pod_set_count_from_parallelism_and_completions(parallelism, completions, count):
     j = job(parallelism=parallelism, completions=completions)

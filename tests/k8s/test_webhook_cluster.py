@@ -64,6 +64,9 @@ async def webhook(admin: Kube, tmp_path: Path):
     port = free_base_port(1)
     configs = webhook_certs(tmp_path / "webhook", port)
     namespace = await admin.get(resource_path("", "v1", "namespaces", None, NS))
+    # the webhook's view of ml-team without its approval, so that the A100 rule refuses a pin by
+    # hand (below); everything else it sees as the cluster has it
+    namespace["metadata"]["labels"].pop("quartermaster.dev/approved", None)
     live = StaticLiveState.build(  # the replica's view: ml-team has 28 of its 32 GPUs in use
         namespaces=[namespace],
         usages=[{"namespace": NS, "reserved": {}, "running": {"a100-flavor": {"nvidia.com/gpu": 28_000}},
@@ -116,7 +119,7 @@ async def test_the_api_server_calls_our_webhooks_and_applies_their_answers(admin
                         content_type="application/merge-patch+json")
 
     # The watcher's own writes are not judged again (the configuration's matchConditions): the
-    # policy library refuses A100s to ml-team (not approved), so a user pinning the Job there is
+    # policy library refuses A100s to ml-team (not approved, in this webhook's view), so a user pinning the Job there is
     # refused, while the watcher's Admit, which pins the admitted flavor, goes through.
     pin = {"spec": {"template": {"spec": {"nodeSelector": {"gpu.nvidia.com/class": "a100"}}}}}
     with pytest.raises(KubeError) as pinned_by_hand:

@@ -19,7 +19,7 @@ workload.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -200,12 +200,26 @@ def _is_preferred(a: tuple[Mode, int], b: tuple[Mode, int]) -> bool:
     return a[1] < b[1]
 
 
-def _selector_matches(flavor: ResourceFlavor, node_selector: tuple[tuple[str, str], ...]) -> bool:
+def flavor_matches_selector(
+    flavor: ResourceFlavor, node_selector: tuple[tuple[str, str], ...], flavors: Mapping[str, ResourceFlavor],
+    rg: ResourceGroup,
+) -> bool:
+    """Kueue's flavorSelector: the pod set's nodeSelector, cut to the label keys some flavor of
+    the resource group has, must hold on this flavor's nodeLabels (a key only another flavor
+    has rules this one out; a key no flavor has is the node scheduler's business)."""
     if not node_selector:
         return True
     labels = dict(flavor.node_labels)
+    keys = None
     for key, value in node_selector:
-        if key in labels and labels[key] != value:
+        found = labels.get(key)
+        if found == value:
+            continue
+        if found is not None:
+            return False
+        if keys is None:
+            keys = {k for fq in rg.flavors if (f := flavors.get(fq.flavor)) is not None for k, _ in f.node_labels}
+        if key in keys:
             return False
     return True
 
@@ -289,7 +303,7 @@ class FlavorAssigner:
                         if usage
                         else ()
                     )
-                    search = (res, ps.node_selector, group, assumed)
+                    search = (res, ps.node_selector, ps.refused_flavors, group, assumed)
                     free_key = ("flavor", self.cq.name, search)
                     hit = memo_dict.get(free_key)
                     if hit is None:
@@ -340,10 +354,16 @@ class FlavorAssigner:
                 reasons.append(f"flavor {fname} not found")
                 no_fit = _worse(no_fit, Reason.NO_MATCHING_FLAVOR)
                 continue
-            if not _selector_matches(flavor, ps.node_selector):
+            if not flavor_matches_selector(flavor, ps.node_selector, self.flavors, rg):
                 reasons.append(f"flavor {fname} doesn't match node affinity")
                 no_fit = _worse(no_fit, Reason.NO_MATCHING_FLAVOR)
                 continue
+            if ps.refused_flavors:
+                why = dict(ps.refused_flavors).get(fname)
+                if why is not None:
+                    reasons.append(f"flavor {fname} refused by policy: {why}")
+                    no_fit = _worse(no_fit, Reason.NO_MATCHING_FLAVOR)
+                    continue
             choices: dict[str, FlavorChoice] = {}
             rep: tuple[Mode, int] = (Mode.FIT, 0)
             for rname, value in group_requests:

@@ -224,13 +224,16 @@ class PodSet:
     requests: tuple[tuple[str, int], ...] = ()  # per pod, milli-units
     min_count: int | None = None
     node_selector: tuple[tuple[str, str], ...] = ()
+    # (flavor, why): flavors the admission policies refuse this workload (ADR 0070), never assigned
+    refused_flavors: tuple[tuple[str, str], ...] = ()
     # pod sets key the flavor assigner's per-queue plans, hashed once per nomination: computed
     # once here instead of rehashing every field each time
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(
-            self, "_hash", hash((self.name, self.count, self.requests, self.min_count, self.node_selector))
+            self, "_hash",
+            hash((self.name, self.count, self.requests, self.min_count, self.node_selector, self.refused_flavors)),
         )
 
     def __hash__(self) -> int:

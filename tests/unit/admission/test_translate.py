@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.admission.translate import priority_of, validated
+from services.admission.translate import kubernetes_object, priority_of, validated
 from services.contracts.events import WorkloadSubmitted
 
 CLASSES = {"urgent": 1000, "batch-low": -10}
@@ -35,3 +35,12 @@ def test_an_unknown_priority_class_is_priority_0_with_a_warning():
     record = validated(submitted(None, "nope"), "gpu-queue", None, ("policy warning",), CLASSES)
     assert record.priority == 0 and record.warnings == ["policy warning", warning]
     assert priority_of(submitted(7, "nope"), CLASSES) == (7, None)  # a value given: no guess made
+
+
+def test_policies_on_the_bus_see_the_jobs_node_selector():
+    """As the webhook sees the Job itself: a rule on the GPU class reads the same nodeSelector."""
+    w = submitted()
+    w.pod_sets[0]["node_selector"] = {"gpu.nvidia.com/class": "a100"}
+    obj = kubernetes_object(w)
+    assert obj["spec"]["template"]["spec"]["nodeSelector"] == {"gpu.nvidia.com/class": "a100"}
+    assert "nodeSelector" not in kubernetes_object(submitted())["spec"]["template"]["spec"]

@@ -402,3 +402,49 @@ async def test_a_job_in_a_namespace_reported_a_moment_later_is_judged_with_it(mo
     assert never["allowed"] is False
     assert "Namespace 'never-reported', which is not known" in never["status"]["message"]
     assert "is the watcher running" in never["status"]["message"]
+
+
+@pytest.mark.parametrize("offered, allowed", [(("a100", "h100"), True), (("a100",), False)])
+async def test_a_queued_job_is_judged_on_the_flavors_its_queue_could_give_it(offered, allowed):
+    """ADR 0070 at `kubectl apply`: dev-team is not approved for A100s and its Job names no GPU
+    class. Its queue of A100s and H100s takes it with a warning that A100s will not be assigned;
+    a queue of A100s alone is a refusal at once, in the policy's words and saying where."""
+    from pathlib import Path
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from services.core.quota import load_objects
+
+    v1 = "kueue.x-k8s.io/v1beta1"
+    docs = [{"apiVersion": v1, "kind": "ResourceFlavor", "metadata": {"name": f"{f}-flavor"},
+             "spec": {"nodeLabels": {"gpu.nvidia.com/class": f}}} for f in ("a100", "h100")]
+    docs += [{"apiVersion": v1, "kind": "ClusterQueue", "metadata": {"name": "gpu-queue"}, "spec": {
+        "namespaceSelector": {}, "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
+            {"name": f"{f}-flavor", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 16}]} for f in offered]}]}},
+        {"apiVersion": v1, "kind": "LocalQueue", "metadata": {"name": "team-dev", "namespace": "dev-team"},
+         "spec": {"clusterQueue": "gpu-queue"}}]
+    objects = load_objects(("test", d) for d in docs)
+    library = PolicySet.load(Path(__file__).resolve().parents[3] / "policies" / "library")
+    live = StaticLiveState.build(namespaces=[{"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": "dev-team", "labels": {"kubernetes.io/metadata.name": "dev-team"}}}])
+    unpinned = job("dev-team", queue="team-dev")
+    unpinned["metadata"]["labels"]["quartermaster.dev/cost-center"] = "cc-dev"  # as the library requires
+    pinned_h100 = json.loads(json.dumps(unpinned))
+    pinned_h100["spec"]["template"]["spec"]["nodeSelector"] = {"gpu.nvidia.com/class": "h100"}
+    async with TestClient(TestServer(make_app(lambda: library, live, queues=lambda: objects))) as client:
+        async def answer(obj) -> dict:
+            r = await client.post("/validate", data=json.dumps(review(obj)))
+            return (await r.json())["response"]
+
+        unpinned_answer, h100_answer = await answer(unpinned), await answer(pinned_h100)
+    assert unpinned_answer["allowed"] is allowed, unpinned_answer
+    if allowed:
+        [warning] = unpinned_answer["warnings"]
+        assert warning.startswith("flavor a100-flavor of ClusterQueue gpu-queue will not be assigned: "
+                                  "[a100-approved-projects] namespace dev-team is not approved for a100")
+    else:
+        message = unpinned_answer["status"]["message"]
+        assert message.startswith("[a100-approved-projects] namespace dev-team is not approved for a100")
+        assert "ClusterQueue gpu-queue offers nvidia.com/gpu to pod set main only on a100-flavor" in message
+    # a Job pinned to H100s is never offered A100s: nothing to warn of or refuse, whatever the queue
+    assert h100_answer["allowed"] is True and "warnings" not in h100_answer

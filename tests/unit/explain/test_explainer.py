@@ -258,3 +258,20 @@ def test_billing_rows_are_summed_once_per_row():
 def test_key_must_name_namespace_and_workload():
     with pytest.raises(ValueError):
         explain("llm-ft", [])
+
+
+def test_a_workload_kept_off_a_flavor_by_its_policies_is_told_so():
+    """ADR 0070: the validated step names the refused flavors, and the wait says what to do."""
+    kept_off = env(WorkloadValidated(
+        uid=UID, namespace=NS, name=NAME, queue_name="team-ml", cluster_queue="gpu-queue", cohort="ai", priority=0,
+        created_at=at(0), pod_sets=[{"name": "main", "count": 1, "requests": {GPU: 16000},
+                                     "refused_flavors": {"a100-flavor": "[a100-approved-projects] not approved"}}]),
+        1, "admission")
+    waiting = pending(str(Reason.WAITING_FOR_QUOTA), "couldn't assign flavors to pod set main: flavor a100-flavor refused by policy: "
+                      "[a100-approved-projects] not approved, insufficient unused quota for nvidia.com/gpu in "
+                      "flavor h100-flavor, 8 more needed")
+    result = explain(KEY, [submitted(), kept_off, waiting])
+    assert [s.detail for s in result.timeline if s.event_type == "workload.validated.v1"] == [
+        "admission allowed it into ClusterQueue gpu-queue (LocalQueue team-ml); kept off flavor(s) a100-flavor "
+        "by its policies (ADR 0070)"]
+    assert any(step.startswith("its policies keep it off flavor(s) a100-flavor") for step in result.next_steps)

@@ -57,6 +57,26 @@ CASES = [
         "couldn't assign flavors to pod set main: flavor a100 doesn't match node affinity",
     ),
     (
+        # Kueue's flavorSelector keeps the selector's keys that some flavor of the group has:
+        # "spot" has no GPU class label, and another flavor has one, so spot is ruled out
+        "a selector key only another flavor has rules a flavor out",
+        make_cq("cq").gpu("spot", 8).gpu("h100", 8).obj(),
+        [],
+        make_wl("w").podset("main", 1, node_selector={"gpu.nvidia.com/class": "h100"}, gpu=2),
+        "Admitted",
+        {GPU: "h100"},
+        "",
+    ),
+    (
+        "a selector key no flavor has is left to the node scheduler",
+        make_cq("cq").gpu("a100", 8).obj(),
+        [],
+        make_wl("w").podset("main", 1, node_selector={"topology.kubernetes.io/zone": "z1"}, gpu=2),
+        "Admitted",
+        {GPU: "a100"},
+        "",
+    ),
+    (
         "request above maximum capacity",
         make_cq("cq").gpu("a100", 8).obj(),
         [],

@@ -1,0 +1,157 @@
+"""Policies judged where a workload would run (ADR 0070). Pure.
+
+A policy such as "only approved projects may use A100s" reads where the workload runs: its
+nodeSelector, or the flavor it was admitted to. A Job that names no GPU class has neither
+when admission judges it, and the queue-manager picks its flavor afterwards. So admission
+also judges the workload as it would be once admitted to each flavor its ClusterQueue could
+give it (the flavor's nodeLabels merged into its pods' nodeSelector, the flavor's name on it,
+as the watcher's Admit leaves the Job). Flavors the policies refuse travel with the verdict,
+and the queue-manager never assigns them. A workload whose every flavor for some resource
+is refused can never run in its queue, and is refused outright.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from services.core.quota.flavors import flavor_matches_selector
+from services.core.quota.model import ClusterQueue, Objects, ResourceGroup
+from services.policy.views import ADMITTED_FLAVOR_ANNOTATION, pod_milli, pod_sets
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A flavor the policies refuse this workload, with their words."""
+
+    flavor: str
+    violations: tuple[Any, ...]  # services.policy.evaluate.Violation, the denying ones
+
+    @property
+    def message(self) -> str:
+        return "; ".join(f"[{v.policy}] {v.message}" for v in self.violations)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    refused: tuple[Refusal, ...] = ()
+    # (pod set, resource, the flavors offered) for which every flavor is refused: never admissible
+    dead_ends: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
+
+    def refused_flavors(self) -> dict[str, str]:
+        return {r.flavor: r.message for r in self.refused}
+
+
+def _group_of(cq: ClusterQueue, resource: str) -> ResourceGroup | None:
+    for rg in cq.resource_groups:
+        if resource in rg.covered_resources:
+            return rg
+    return None
+
+
+def offered_flavors(objects: Objects, cluster_queue: str, pod_sets: Iterable[dict]) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(pod set, resource, flavors) for each resource a pod set requests: the flavors of the
+    queue's resource group for it that the pod set's nodeSelector allows, in the queue's order."""
+    cq = objects.cluster_queues.get(cluster_queue)
+    if cq is None:
+        return []
+    out = []
+    for ps in pod_sets:
+        selector = tuple(sorted((ps.get("node_selector") or {}).items()))
+        for resource, milli in sorted(ps["requests"].items()):
+            rg = _group_of(cq, resource) if milli else None
+            if rg is None:
+                continue
+            names = tuple(fq.flavor for fq in rg.flavors
+                          if fq.flavor in objects.flavors
+                          and flavor_matches_selector(objects.flavors[fq.flavor], selector, objects.flavors, rg))
+            if names:
+                out.append((ps["name"], resource, names))
+    return out
+
+
+def placed(obj: dict[str, Any], flavor: str, node_labels: dict[str, str],
+           serves: dict[str, list[str]]) -> dict[str, Any]:
+    """The object as the watcher's Admit would leave it on `flavor`: the flavor's nodeLabels in
+    the nodeSelector of the pod sets it serves (`serves`: pod set -> its resources the flavor
+    would hold), its name in an annotation (and, on a Kueue Workload, in status.admission)."""
+    # copies of only the parts changed (a deep copy was most of judging a flavor)
+    meta = obj.get("metadata") or {}
+    out = {**obj, "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}),
+                                                       ADMITTED_FLAVOR_ANNOTATION: flavor}}}
+    spec = obj.get("spec") or {}
+    if str(obj.get("apiVersion", "")).startswith("batch.volcano.sh"):
+        out["spec"] = {**spec, "tasks": [
+            _with_selector(t, node_labels) if t.get("name") in serves else t for t in spec.get("tasks") or []]}
+    elif obj.get("kind") == "Workload":
+        out["spec"] = {**spec, "podSets": [
+            _with_selector(ps, node_labels) if ps.get("name") in serves else ps for ps in spec.get("podSets") or []]}
+        out["status"] = {"admission": {"podSetAssignments": [
+            {"name": name, "flavors": dict.fromkeys(resources, flavor)} for name, resources in sorted(serves.items())]}}
+    else:
+        out["spec"] = _with_selector(spec, node_labels)
+    return out
+
+
+def _with_selector(holder: dict[str, Any], node_labels: dict[str, str]) -> dict[str, Any]:
+    """`holder` (a Job's spec, a pod set) with node_labels merged into its pod template's nodeSelector."""
+    template = holder.get("template") or {}
+    pod_spec = template.get("spec") or {}
+    return {**holder, "template": {**template, "spec": {
+        **pod_spec, "nodeSelector": {**(pod_spec.get("nodeSelector") or {}), **node_labels}}}}
+
+
+def pod_sets_of(obj: dict[str, Any]) -> list[dict]:
+    """A Kubernetes object's pod sets as `workload.submitted.v1` carries them (for the webhook,
+    which judges the object itself)."""
+    out = []
+    for name, count, pod_spec in pod_sets(obj):
+        ps: dict[str, Any] = {"name": name, "count": count, "requests": pod_milli(pod_spec or {})}
+        if (pod_spec or {}).get("nodeSelector"):
+            ps["node_selector"] = {str(k): str(v) for k, v in pod_spec["nodeSelector"].items()}
+        out.append(ps)
+    return out
+
+
+def judge(
+    judge_object: Callable[[dict[str, Any]], Any],
+    obj: dict[str, Any],
+    objects: Objects,
+    cluster_queue: str,
+    pod_sets: list[dict],
+) -> Judgement:
+    """Each flavor the queue could give the workload, judged by `judge_object` (the policies'
+    evaluate, bound to the request's live state) on the object as it would be admitted there."""
+    offered = offered_flavors(objects, cluster_queue, pod_sets)
+    serves: dict[str, dict[str, list[str]]] = {}  # flavor -> pod set -> resources
+    for ps_name, resource, names in offered:
+        for name in names:
+            serves.setdefault(name, {}).setdefault(ps_name, []).append(resource)
+    refused = []
+    for name in sorted(serves):
+        decision = judge_object(placed(obj, name, dict(objects.flavors[name].node_labels), serves[name]))
+        if not decision.allowed:
+            refused.append(Refusal(name, decision.denials))
+    if not refused:
+        return Judgement()
+    names_refused = {r.flavor for r in refused}
+    dead_ends = tuple((ps, res, names) for ps, res, names in offered if names_refused.issuperset(names))
+    return Judgement(tuple(refused), dead_ends)
+
+
+def dead_end_violations(judgement: Judgement, cluster_queue: str) -> list[Any]:
+    """The refusals that leave the workload nowhere to run, each saying so: the rejection's words."""
+    by_flavor = {r.flavor: r for r in judgement.refused}
+    out = []
+    seen: set[str] = set()
+    for ps, resource, names in judgement.dead_ends:
+        for name in names:
+            if name in seen:
+                continue
+            seen.add(name)
+            where = (f"if admitted to flavor {name}; ClusterQueue {cluster_queue} offers {resource} to pod set "
+                     f"{ps} only on {', '.join(names)}, and the policies refuse each")
+            out += [dataclasses.replace(v, message=f"{v.message} ({where})") for v in by_flavor[name].violations]
+    return out
