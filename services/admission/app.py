@@ -80,10 +80,10 @@ def decide(submitted: WorkloadSubmitted, cause: Envelope) -> list[Output]:
     policy_set, usage = policies.current(), replica.usage(submitted.namespace)
     budget = replica.budget(cost_center_of(obj, namespace_object))
 
-    def judge(o: dict) -> AdmissionDecision:
+    def judge(o: dict, only: frozenset[int] | None = None) -> AdmissionDecision:
         return evaluate(policy_set, o, namespace_object, usage=usage, budget=budget,
                         cluster=replica.cluster,  # computed only if a policy reads it
-                        enforcement_point=EnforcementPoint.BUS)
+                        enforcement_point=EnforcementPoint.BUS, only=only)
 
     decision = judge(obj)
     if not decision.allowed:
@@ -93,7 +93,7 @@ def decide(submitted: WorkloadSubmitted, cause: Envelope) -> list[Output]:
         NOT_IN_A_QUEUE.inc()
         return [out(translate.not_in_a_queue(submitted), submitted.namespace)]
     # and where it would run: each flavor its queue could give it (ADR 0070)
-    placements = placement.judge(judge, obj, config.objects, cluster_queue, submitted.pod_sets)
+    placements = placement.judge(judge, policy_set, obj, config.objects, cluster_queue, submitted.pod_sets)
     if placements.dead_ends:
         REJECTED.inc()
         return [out(translate.rejected(submitted, placement.dead_end_violations(placements, cluster_queue)), key)]

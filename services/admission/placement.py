@@ -19,6 +19,7 @@ from typing import Any
 
 from services.core.quota.flavors import flavor_matches_selector
 from services.core.quota.model import ClusterQueue, Objects, ResourceGroup
+from services.policy import PolicySet, placement_sensitive
 from services.policy.views import ADMITTED_FLAVOR_ANNOTATION, pod_milli, pod_sets
 
 
@@ -116,14 +117,21 @@ def pod_sets_of(obj: dict[str, Any]) -> list[dict]:
 
 
 def judge(
-    judge_object: Callable[[dict[str, Any]], Any],
+    judge_object: Callable[[dict[str, Any], frozenset[int]], Any],
+    policy_set: PolicySet,
     obj: dict[str, Any],
     objects: Objects,
     cluster_queue: str,
     pod_sets: list[dict],
 ) -> Judgement:
-    """Each flavor the queue could give the workload, judged by `judge_object` (the policies'
-    evaluate, bound to the request's live state) on the object as it would be admitted there."""
+    """Each flavor the queue could give the workload, judged on the object as it would be
+    admitted there by `judge_object(object, only)`: the policies' evaluate, bound to the
+    request's live state, for the policies whose indexes are in `only` (those of the set that
+    can read a placement; the others judged the workload already, and a placement does not
+    change what they read)."""
+    sensitive = placement_sensitive(policy_set)
+    if not sensitive:
+        return Judgement()
     offered = offered_flavors(objects, cluster_queue, pod_sets)
     serves: dict[str, dict[str, list[str]]] = {}  # flavor -> pod set -> resources
     for ps_name, resource, names in offered:
@@ -131,7 +139,7 @@ def judge(
             serves.setdefault(name, {}).setdefault(ps_name, []).append(resource)
     refused = []
     for name in sorted(serves):
-        decision = judge_object(placed(obj, name, dict(objects.flavors[name].node_labels), serves[name]))
+        decision = judge_object(placed(obj, name, dict(objects.flavors[name].node_labels), serves[name]), sensitive)
         if not decision.allowed:
             refused.append(Refusal(name, decision.denials))
     if not refused:

@@ -153,7 +153,7 @@ def make_app(
         usage = live.usage(namespace) if namespace else None
         budget = live.budget(cost_center) if cost_center else None
 
-        def judge(o: dict[str, Any] | None) -> Any:
+        def judge(o: dict[str, Any] | None, only: frozenset[int] | None = None) -> Any:
             return evaluate(
                 policy_set, o, namespace_object, usage, budget,
                 live.cluster,  # computed only if a policy reads it
@@ -162,6 +162,7 @@ def make_app(
                 user_info=req.get("userInfo"),
                 dry_run=bool(req.get("dryRun", False)),
                 enforcement_point=EnforcementPoint.WEBHOOK,
+                only=only,
             )
 
         decision = judge(obj)
@@ -172,7 +173,7 @@ def make_app(
         elif operation == "CREATE" and obj is not None and queues is not None and obj.get("kind") != "Pod":
             # where it would run: refused at once if its queue offers it nothing the policies allow,
             # as the bus would refuse it a moment later; warned of the flavors it is kept off
-            refusal, kept_off = _placement_verdict(judge, obj, namespace, queues())
+            refusal, kept_off = _placement_verdict(judge, policy_set, obj, namespace, queues())
             if refusal:
                 response.update(allowed=False, status={"code": 403, "reason": "Forbidden", "message": refusal})
             warnings += kept_off
@@ -235,15 +236,15 @@ def make_app(
 _QUEUED_KINDS = {("batch", "Job"): "Job", (VOLCANO_GROUP, "Job"): "Volcano Job"}
 
 
-def _placement_verdict(judge: Callable[[dict[str, Any]], Any], obj: dict[str, Any], namespace: str,
-                       objects: Objects | None) -> tuple[str, list[str]]:
+def _placement_verdict(judge: Callable[[dict[str, Any], frozenset[int]], Any], policy_set: PolicySet,
+                       obj: dict[str, Any], namespace: str, objects: Objects | None) -> tuple[str, list[str]]:
     """(the refusal's message or "", warnings) for a queued workload judged on each flavor its
     ClusterQueue could give it (services/admission/placement.py)."""
     queue = ((obj.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL)
     local = objects.local_queues.get((namespace, queue)) if objects is not None and queue else None
     if local is None:
         return "", []
-    judged = placement.judge(judge, obj, objects, local.cluster_queue, placement.pod_sets_of(obj))
+    judged = placement.judge(judge, policy_set, obj, objects, local.cluster_queue, placement.pod_sets_of(obj))
     if judged.dead_ends:
         return "\n".join(f"[{v.policy}] {v.message}" for v in placement.dead_end_violations(judged, local.cluster_queue)), []
     return "", [f"flavor {r.flavor} of ClusterQueue {local.cluster_queue} will not be assigned: {r.message}"

@@ -9,7 +9,7 @@ CLI both use it.
 """
 
 from services.policy.errors import PolicyError
-from services.policy.evaluate import AdmissionDecision, Violation, evaluate
+from services.policy.evaluate import AdmissionDecision, Violation, evaluate, placement_sensitive
 from services.policy.loader import PolicySet
 from services.policy.model import EnforcementAction, EnforcementPoint
 from services.policy.store import PolicyStore
@@ -23,4 +23,5 @@ __all__ = [
     "PolicyStore",
     "Violation",
     "evaluate",
+    "placement_sensitive",
 ]

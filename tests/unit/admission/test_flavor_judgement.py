@@ -51,11 +51,11 @@ def judged(ns: str, approved: bool, objects, node_selector=None):
     obj = kubernetes_object(w)
     ns_obj = namespace(ns, approved)
 
-    def judge(o):
-        return evaluate(LIBRARY, o, ns_obj, usage={}, enforcement_point=EnforcementPoint.BUS)
+    def judge(o, only=None):
+        return evaluate(LIBRARY, o, ns_obj, usage={}, enforcement_point=EnforcementPoint.BUS, only=only)
 
     assert judge(obj).allowed, judge(obj).message  # nothing refuses the Job as submitted
-    return placement.judge(judge, obj, objects, "gpu-queue", w.pod_sets)
+    return placement.judge(judge, LIBRARY, obj, objects, "gpu-queue", w.pod_sets)
 
 
 def test_an_unapproved_namespace_is_refused_the_a100_flavor_and_keeps_the_h100_one():
