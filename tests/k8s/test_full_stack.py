@@ -472,3 +472,64 @@ async def _usage(bootstrap: str, prefix: str, gpu_milli: int):
         if not isinstance(e, Exception) and getattr(e.payload, "namespace", None) == "ml-team":
             last = e.payload
     return last if last is not None and (last.total or {}).get("nvidia.com/gpu") == gpu_milli else None
+
+
+TWO_CLASSES_CONFIG = """
+apiVersion: kueue.x-k8s.io/v1beta1
+kind: ResourceFlavor
+metadata: {name: a100-flavor}
+spec:
+  nodeLabels: {gpu.nvidia.com/class: a100}
+---
+apiVersion: kueue.x-k8s.io/v1beta1
+kind: ResourceFlavor
+metadata: {name: h100-flavor}
+spec:
+  nodeLabels: {gpu.nvidia.com/class: h100}
+---
+apiVersion: kueue.x-k8s.io/v1beta1
+kind: ClusterQueue
+metadata: {name: gpu-queue}
+spec:
+  namespaceSelector: {}
+  resourceGroups:
+  - coveredResources: [nvidia.com/gpu]
+    flavors:
+    - name: a100-flavor
+      resources: [{name: nvidia.com/gpu, nominalQuota: 32}]
+    - name: h100-flavor
+      resources: [{name: nvidia.com/gpu, nominalQuota: 16}]
+---
+apiVersion: kueue.x-k8s.io/v1beta1
+kind: LocalQueue
+metadata: {name: team-ml, namespace: ml-team}
+spec: {clusterQueue: gpu-queue}
+"""
+
+
+@pytest.mark.parametrize("config_dir", [TWO_CLASSES_CONFIG], indirect=True, ids=["a100-and-h100"])
+async def test_a_job_that_asks_for_h100_nodes_runs_on_h100_nodes(stack, admin, kafka_bootstrap, topic_prefix, tmp_path):
+    """ADR 0070, on the real cluster: the queue offers A100s first and has room there, and the
+    Job's pods ask for H100 nodes. It is given H100 quota, keeps its own selector, and its pods
+    run on the H100 nodes. It was given A100 quota, its selector overwritten with a100's."""
+    name = f"h100-{uuid.uuid4().hex[:6]}"
+    spec = gpu_only_job(name)
+    spec["spec"]["template"]["spec"]["nodeSelector"] = {"gpu.nvidia.com/class": "h100"}
+    job = await apply(admin, spec)
+    uid = job["metadata"]["uid"]
+
+    async def finished():
+        trail = await trail_of(kafka_bootstrap, topic_prefix, "qm.workloads", uid)
+        return any(e.event_type == "workload.finished.v1" for e in trail) and trail
+
+    try:
+        trail = await wait_until(finished, 150, what=f"{name} finished")
+    except AssertionError as timeout:
+        raise AssertionError(f"{timeout}\n{await story(kafka_bootstrap, topic_prefix, uid, tmp_path)}") from None
+    reserved = [e.payload for e in trail if e.event_type == "workload.quota_reserved.v1"]
+    assert [r.flavors for r in reserved] == [{"main": {"nvidia.com/gpu": "h100-flavor"}}], reserved
+    admits = [e.payload for e in await trail_of(kafka_bootstrap, topic_prefix, "qm.actions", uid)
+              if e.event_type == "action.admit.v1"]
+    assert [a.node_selector for a in admits] == [{"gpu.nvidia.com/class": "h100"}], admits
+    pods = (await admin.get(resource_path("", "v1", "pods", "ml-team"), labelSelector=f"job-name={name}"))["items"]
+    assert len(pods) == 2 and {p["spec"]["nodeName"] for p in pods} <= {"gpu-h100-0", "gpu-h100-1"}, pods
