@@ -61,6 +61,7 @@ ANN_ADMITTED_PLACEMENT = ANN_PREFIX + "admitted-placement"  # on a Volcano Job: 
 
 VOLCANO = ("batch.volcano.sh", "v1alpha1", "jobs")
 VOLCANO_API = "batch.volcano.sh/v1alpha1"
+_ON_VOLCANO = {"api_version": VOLCANO_API}  # an outcome's details: its Event is on a Volcano Job
 _UNHELD = ("a Volcano Job created without Quartermaster's mutating webhook (its task templates lack the "
            "queue-name label, so its pods are not held by the admission gate): Volcano runs it whatever this "
            "action says. Apply deploy/kubernetes/admission-webhook.yaml, which holds a queued Volcano Job's pods "
@@ -399,7 +400,7 @@ class Actuator:
                              vcjob: dict[str, Any]) -> tuple[str, str, dict]:
         """Record where the Volcano Job was admitted, then release its held pods there."""
         if not self._held_by_gates(vcjob):
-            return NOT_FOUND, _UNHELD, {}
+            return NOT_FOUND, _UNHELD, dict(_ON_VOLCANO)
         flavor = self._placement(p)
         pinned = {"nodeSelector": dict(flavor.node_labels), "tolerations": [dict(t) for t in flavor.tolerations]}
         placement = orjson.dumps(pinned).decode()
@@ -428,11 +429,11 @@ class Actuator:
         """Take the admission back first (pods made from now on stay held), signal the live
         pods, and delete them after the grace period; Volcano makes them again, held."""
         if not self._held_by_gates(vcjob):
-            return NOT_FOUND, _UNHELD, {}
+            return NOT_FOUND, _UNHELD, dict(_ON_VOLCANO)
         anns = vcjob["metadata"].get("annotations") or {}
         live = [pod for pod in await self._volcano_pods(vcjob) if not admission_gated(pod) and not _ended(pod)]
         if ANN_ADMITTED_PLACEMENT not in anns and not live:
-            return ALREADY_APPLIED, "Volcano Job already held", {}
+            return ALREADY_APPLIED, "Volcano Job already held", dict(_ON_VOLCANO)
         reason = p.get("reason") or "Preempted"
         grace_s = float(p.get("grace_period_s", 30))
         signal, deadline = self._evict_signal(action, reason, grace_s, anns)
@@ -509,10 +510,10 @@ class Actuator:
 
     async def _cleanup(self, action: Mapping[str, Any], p: Mapping[str, Any]) -> tuple[str, str, dict]:
         job = await self._get_job(p)
-        path = self._job_path(p)
+        path, on = self._job_path(p), {}
         if job is None:
             job = await self._get_volcano_job(p)
-            path = resource_path(*VOLCANO, p["namespace"], p["name"])
+            path, on = resource_path(*VOLCANO, p["namespace"], p["name"]), dict(_ON_VOLCANO)
         if job is None:
             return ALREADY_APPLIED, "job already deleted", {}
         try:
@@ -522,9 +523,9 @@ class Actuator:
                       "preconditions": {"uid": job["metadata"]["uid"]}})
         except KubeError as e:
             if e.status == 404:
-                return ALREADY_APPLIED, "job already deleted", {}
+                return ALREADY_APPLIED, "job already deleted", on
             raise
-        return APPLIED, "deleted", {}
+        return APPLIED, "deleted", on
 
     async def _record_event(self, p: Mapping[str, Any], etype: str, outcome: str, message: str,
                             api_version: str = "batch/v1") -> None:

@@ -614,6 +614,11 @@ async def test_actions_on_a_volcano_job_made_without_the_webhook_say_it_cannot_b
         for result in (admit, stop):
             assert result.outcome == NOT_FOUND and "a Volcano Job created without" in result.message
             assert "admission-webhook.yaml" in result.message
+        # what `kubectl describe` of the Volcano Job lists: the Events name it, not a batch/v1 Job
+        events = (await admin.get(resource_path("", "v1", "events", NS),
+                                  fieldSelector=f"involvedObject.name={name}"))["items"]
+        assert len(events) == 2 and {e["involvedObject"]["apiVersion"] for e in events} == {
+            "batch.volcano.sh/v1alpha1"}, events
         # another uid under that name is not this workload's Job
         other = await actuator.apply(evict_action(str(uuid.uuid4()), NS, name, reason="NotAdmitted",
                                                   grace_period_s=0))
