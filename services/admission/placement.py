@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from services.core.quota.flavors import flavor_matches_selector
+from services.core.quota.flavors import flavor_matches_selector, node_affinity_of, required_node_affinity
 from services.core.quota.model import ClusterQueue, Objects, ResourceGroup
 from services.policy import PolicySet, placement_sensitive
 from services.policy.views import ADMITTED_FLAVOR_ANNOTATION, pod_milli, pod_sets
@@ -61,13 +61,15 @@ def offered_flavors(objects: Objects, cluster_queue: str, pod_sets: Iterable[dic
     out = []
     for ps in pod_sets:
         selector = tuple(sorted((ps.get("node_selector") or {}).items()))
+        affinity = node_affinity_of(ps.get("node_affinity"))
         for resource, milli in sorted(ps["requests"].items()):
             rg = _group_of(cq, resource) if milli else None
             if rg is None:
                 continue
             names = tuple(fq.flavor for fq in rg.flavors
                           if fq.flavor in objects.flavors
-                          and flavor_matches_selector(objects.flavors[fq.flavor], selector, objects.flavors, rg))
+                          and flavor_matches_selector(objects.flavors[fq.flavor], selector, objects.flavors, rg,
+                                                      affinity))
             if names:
                 out.append((ps["name"], resource, names))
     return out
@@ -112,6 +114,9 @@ def pod_sets_of(obj: dict[str, Any]) -> list[dict]:
         ps: dict[str, Any] = {"name": name, "count": count, "requests": pod_milli(pod_spec or {})}
         if (pod_spec or {}).get("nodeSelector"):
             ps["node_selector"] = {str(k): str(v) for k, v in pod_spec["nodeSelector"].items()}
+        terms = required_node_affinity(pod_spec or {})
+        if terms:
+            ps["node_affinity"] = terms
         out.append(ps)
     return out
 
@@ -163,3 +168,4 @@ def dead_end_violations(judgement: Judgement, cluster_queue: str) -> list[Any]:
                      f"{ps} only on {', '.join(names)}, and the policies refuse each")
             out += [dataclasses.replace(v, message=f"{v.message} ({where})") for v in by_flavor[name].violations]
     return out
+

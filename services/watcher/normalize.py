@@ -33,6 +33,7 @@ from services.contracts.events import (
     WorkloadFinished,
     WorkloadSubmitted,
 )
+from services.core.quota.flavors import required_node_affinity
 
 PRODUCER = "watcher"
 
@@ -207,6 +208,9 @@ def _pod_set(name: str, count: int, pod_spec: Mapping[str, Any], min_count: int 
     selector = {str(k): str(v) for k, v in (pod_spec.get("nodeSelector") or {}).items()}
     if selector:
         ps["node_selector"] = dict(sorted(selector.items()))
+    affinity = required_node_affinity(pod_spec)  # the same, ADR 0071
+    if affinity:
+        ps["node_affinity"] = affinity
     return ps
 
 

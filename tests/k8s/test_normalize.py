@@ -70,6 +70,20 @@ def test_a_pod_sets_node_selector_travels_with_it():
     assert "node_selector" not in valid(n.workload_submitted(job()))["pod_sets"][0]
 
 
+def test_a_pod_sets_required_node_affinity_travels_with_it():
+    """ADR 0071: its matchExpressions (matchFields name nodes, and stay kube-scheduler's)."""
+    j = job()
+    j["spec"]["template"]["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "gpu.nvidia.com/class", "operator": "In", "values": ["a100", "h100"]}]},
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-1"]}]}]}},
+        "podAntiAffinity": {}}
+    ps = valid(n.workload_submitted(j))["pod_sets"][0]
+    assert ps["node_affinity"] == [
+        [{"key": "gpu.nvidia.com/class", "operator": "In", "values": ["a100", "h100"]}], []]
+    assert "node_affinity" not in valid(n.workload_submitted(job()))["pod_sets"][0]
+
+
 @pytest.mark.parametrize("parallelism,completions,count", [(4, 2, 2), (2, 10, 2), (3, None, 3), (None, None, 1)])
 def test_pod_set_count_from_parallelism_and_completions(parallelism, completions, count):
     j = job(parallelism=parallelism, completions=completions)

@@ -19,15 +19,17 @@ workload.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
 
 from services.core.quantity import format_milli
 from services.core.quota.model import (
     FlavorFungibility,
     FlavorResource,
     FungibilityPolicy,
+    LabelRequirement,
     PodSet,
     Reason,
     ResourceFlavor,
@@ -200,26 +202,54 @@ def _is_preferred(a: tuple[Mode, int], b: tuple[Mode, int]) -> bool:
     return a[1] < b[1]
 
 
+def required_node_affinity(pod_spec: Mapping[str, Any]) -> list[list[dict[str, Any]]]:
+    """A pod template's required node affinity as events carry it: terms, each a list of
+    {key, operator, values} (ADR 0071). matchFields name nodes, not flavors, and are left to
+    kube-scheduler; a requirement without a key or an operator is dropped. [] when there is none."""
+    affinity = (pod_spec.get("affinity") or {}).get("nodeAffinity") or {}
+    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    terms = [[{"key": str(r["key"]), "operator": str(r["operator"]), "values": [str(v) for v in r.get("values") or []]}
+              for r in (term or {}).get("matchExpressions") or []
+              if isinstance(r, Mapping) and r.get("key") and r.get("operator")]
+             for term in required.get("nodeSelectorTerms") or []]
+    return terms if any(terms) else []
+
+
+def node_affinity_of(terms: Iterable[Iterable[Mapping[str, Any]]] | None) -> tuple[tuple[LabelRequirement, ...], ...]:
+    """A pod set's `node_affinity` as events carry it (terms of {key, operator, values}) -> the core's."""
+    return tuple(tuple(LabelRequirement(r["key"], r["operator"], tuple(r.get("values") or ())) for r in term)
+                 for term in terms or ())
+
+
 def flavor_matches_selector(
     flavor: ResourceFlavor, node_selector: tuple[tuple[str, str], ...], flavors: Mapping[str, ResourceFlavor],
-    rg: ResourceGroup,
+    rg: ResourceGroup, node_affinity: tuple[tuple[LabelRequirement, ...], ...] = (),
 ) -> bool:
-    """Kueue's flavorSelector: the pod set's nodeSelector, cut to the label keys some flavor of
-    the resource group has, must hold on this flavor's nodeLabels (a key only another flavor
-    has rules this one out; a key no flavor has is the node scheduler's business)."""
-    if not node_selector:
+    """Kueue's flavorSelector: the pod set's nodeSelector and required node affinity, cut to the
+    label keys some flavor of the resource group has, must hold on this flavor's nodeLabels (a
+    key only another flavor has rules this one out; a key no flavor has is the node scheduler's
+    business). An affinity term left with no requirement is dropped, as Kueue drops it; with no
+    term left, the affinity holds."""
+    if not node_selector and not node_affinity:
         return True
     labels = dict(flavor.node_labels)
     keys = None
+
+    def group_keys() -> set[str]:
+        nonlocal keys
+        if keys is None:
+            keys = {k for fq in rg.flavors if (f := flavors.get(fq.flavor)) is not None for k, _ in f.node_labels}
+        return keys
+
     for key, value in node_selector:
         found = labels.get(key)
         if found == value:
             continue
-        if found is not None:
+        if found is not None or key in group_keys():
             return False
-        if keys is None:
-            keys = {k for fq in rg.flavors if (f := flavors.get(fq.flavor)) is not None for k, _ in f.node_labels}
-        if key in keys:
+    if node_affinity:
+        terms = [kept for term in node_affinity if (kept := [r for r in term if r.key in group_keys()])]
+        if terms and not any(all(r.holds(labels) for r in term) for term in terms):
             return False
     return True
 
@@ -303,7 +333,7 @@ class FlavorAssigner:
                         if usage
                         else ()
                     )
-                    search = (res, ps.node_selector, ps.refused_flavors, group, assumed)
+                    search = (res, ps.node_selector, ps.node_affinity, ps.refused_flavors, group, assumed)
                     free_key = ("flavor", self.cq.name, search)
                     hit = memo_dict.get(free_key)
                     if hit is None:
@@ -354,7 +384,7 @@ class FlavorAssigner:
                 reasons.append(f"flavor {fname} not found")
                 no_fit = _worse(no_fit, Reason.NO_MATCHING_FLAVOR)
                 continue
-            if not flavor_matches_selector(flavor, ps.node_selector, self.flavors, rg):
+            if not flavor_matches_selector(flavor, ps.node_selector, self.flavors, rg, ps.node_affinity):
                 reasons.append(f"flavor {fname} doesn't match node affinity")
                 no_fit = _worse(no_fit, Reason.NO_MATCHING_FLAVOR)
                 continue

@@ -100,8 +100,28 @@ class ResourceGroup:
 @dataclass(frozen=True, slots=True)
 class LabelRequirement:
     key: str
-    operator: str  # In, NotIn, Exists, DoesNotExist
+    operator: str  # In, NotIn, Exists, DoesNotExist; and Gt, Lt in a node affinity
     values: tuple[str, ...] = ()
+
+    def holds(self, labels: Mapping[str, str]) -> bool:
+        """Whether `labels` meet it, as Kubernetes' label and node selectors read it."""
+        value = labels.get(self.key)
+        op = self.operator
+        if op == "In":
+            return value is not None and value in self.values
+        if op == "NotIn":
+            return value is None or value not in self.values
+        if op == "Exists":
+            return value is not None
+        if op == "DoesNotExist":
+            return value is None
+        if op in ("Gt", "Lt") and value is not None and len(self.values) == 1:
+            try:
+                have, bound = int(value), int(self.values[0])
+            except ValueError:
+                return False
+            return have > bound if op == "Gt" else have < bound
+        return False
 
 
 @quick_init
@@ -116,17 +136,7 @@ class LabelSelector:
         for key, value in self.match_labels:
             if labels.get(key) != value:
                 return False
-        for req in self.match_expressions:
-            present = req.key in labels
-            if req.operator == "In" and (not present or labels[req.key] not in req.values):
-                return False
-            if req.operator == "NotIn" and present and labels[req.key] in req.values:
-                return False
-            if req.operator == "Exists" and not present:
-                return False
-            if req.operator == "DoesNotExist" and present:
-                return False
-        return True
+        return all(req.holds(labels) for req in self.match_expressions)
 
 
 @quick_init
@@ -226,6 +236,8 @@ class PodSet:
     node_selector: tuple[tuple[str, str], ...] = ()
     # (flavor, why): flavors the admission policies refuse this workload (ADR 0070), never assigned
     refused_flavors: tuple[tuple[str, str], ...] = ()
+    # the pod template's required node affinity: terms (any may hold) of requirements (all must)
+    node_affinity: tuple[tuple[LabelRequirement, ...], ...] = ()
     # pod sets key the flavor assigner's per-queue plans, hashed once per nomination: computed
     # once here instead of rehashing every field each time
     _hash: int = field(default=0, init=False, repr=False, compare=False)
@@ -233,7 +245,8 @@ class PodSet:
     def __post_init__(self) -> None:
         object.__setattr__(
             self, "_hash",
-            hash((self.name, self.count, self.requests, self.min_count, self.node_selector, self.refused_flavors)),
+            hash((self.name, self.count, self.requests, self.min_count, self.node_selector, self.refused_flavors,
+                  self.node_affinity)),
         )
 
     def __hash__(self) -> int:

@@ -147,6 +147,30 @@ def _labels(ctx: _Ctx, value: Any, path: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((str(k), str(v)) for k, v in labels.items()))
 
 
+_NODE_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+
+
+def _node_affinity(ctx: _Ctx, pod_spec: Mapping[str, Any], path: str) -> tuple[tuple[LabelRequirement, ...], ...]:
+    """The required node affinity's terms (matchExpressions; matchFields name nodes, not flavors)."""
+    affinity = ctx.mapping(pod_spec.get("affinity"), f"{path}.affinity")
+    node = ctx.mapping(affinity.get("nodeAffinity"), f"{path}.affinity.nodeAffinity")
+    tpath = f"{path}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    required = ctx.mapping(node.get("requiredDuringSchedulingIgnoredDuringExecution"), tpath)
+    terms = []
+    for i, term in enumerate(ctx.seq(required.get("nodeSelectorTerms"), f"{tpath}.nodeSelectorTerms")):
+        term_path = f"{tpath}.nodeSelectorTerms[{i}]"
+        reqs = []
+        for j, expr in enumerate(ctx.seq(ctx.mapping(term, term_path).get("matchExpressions"),
+                                         f"{term_path}.matchExpressions")):
+            epath = f"{term_path}.matchExpressions[{j}]"
+            expr = ctx.mapping(expr, epath)
+            key = ctx.string(expr.get("key"), f"{epath}.key", required=True)
+            op = ctx.enum(expr.get("operator"), f"{epath}.operator", _NODE_OPERATORS, "")
+            reqs.append(LabelRequirement(key, op, tuple(str(v) for v in ctx.seq(expr.get("values"), f"{epath}.values"))))
+        terms.append(tuple(reqs))
+    return tuple(terms)
+
+
 def _selector(ctx: _Ctx, value: Any, path: str) -> LabelSelector:
     sel = ctx.mapping(value, path)
     reqs = []
@@ -354,6 +378,7 @@ def _pod_set(ctx: _Ctx, raw: Any, path: str) -> PodSet:
         requests=_pod_requests(ctx, pod_spec, f"{path}.template.spec"),
         min_count=min_count,
         node_selector=_labels(ctx, pod_spec.get("nodeSelector"), f"{path}.template.spec.nodeSelector"),
+        node_affinity=_node_affinity(ctx, pod_spec, f"{path}.template.spec"),
     )
 
 
@@ -566,6 +591,7 @@ class _Loader:
                 _pod_requests(ctx, pod_spec, "spec.template.spec"),
                 min_count,
                 _labels(ctx, pod_spec.get("nodeSelector"), "spec.template.spec.nodeSelector"),
+                node_affinity=_node_affinity(ctx, pod_spec, "spec.template.spec"),
             )
             pclass = labels.get(PRIORITY_CLASS_LABEL) or pod_spec.get("priorityClassName")
             priority, pclass = self._priority(ctx, None, pclass, "metadata.labels")

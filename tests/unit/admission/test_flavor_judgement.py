@@ -99,3 +99,35 @@ def test_the_placed_object_is_what_the_watchers_admit_leaves(kind):
     assert obj["metadata"]["annotations"] == {}  # the submitted object is left as it was
     if kind == "Workload":
         assert out["status"]["admission"]["podSetAssignments"] == [{"name": "main", "flavors": {GPU: "a100-flavor"}}]
+
+
+
+def test_an_affinity_that_allows_either_class_is_judged_on_each_and_kept_off_a100():
+    """ADR 0071: a Job whose pods may run on A100 or H100 nodes (required node affinity, In)."""
+    w = submitted("dev-team")
+    w.pod_sets[0]["node_affinity"] = [[{"key": CLASS, "operator": "In", "values": ["a100", "h100"]}]]
+    obj = kubernetes_object(w)
+    ns_obj = namespace("dev-team", False)
+
+    def judge(o, only=None):
+        return evaluate(LIBRARY, o, ns_obj, usage={}, enforcement_point=EnforcementPoint.BUS, only=only)
+
+    # the library reads an In affinity as the classes the pods ask for: as submitted, a100 is refused
+    assert not judge(obj).allowed
+    w.pod_sets[0]["node_affinity"] = [[{"key": CLASS, "operator": "NotIn", "values": ["v100"]}]]
+    obj = kubernetes_object(w)
+    assert judge(obj).allowed
+    j = placement.judge(judge, LIBRARY, obj, config("a100", "h100"), "gpu-queue", w.pod_sets)
+    assert list(j.refused_flavors()) == ["a100-flavor"] and not j.dead_ends
+
+
+def test_the_webhook_reads_a_pod_templates_affinity_as_the_watcher_does():
+    pod_spec = {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": CLASS, "operator": "In", "values": ["h100"]}]}]}}},
+        "containers": [{"name": "c", "resources": {"limits": {GPU: "2"}}}]}
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "dev-team"},
+           "spec": {"parallelism": 1, "template": {"spec": pod_spec}}}
+    assert placement.pod_sets_of(job) == [{"name": "main", "count": 1, "requests": {GPU: 2000},
+                                           "node_affinity": [[{"key": CLASS, "operator": "In", "values": ["h100"]}]]}]
+    assert placement.offered_flavors(config("a100", "h100"), "gpu-queue", placement.pod_sets_of(job)) == [
+        ("main", GPU, ("h100-flavor",))]

@@ -84,3 +84,13 @@ def test_a_flavor_the_policies_refuse_is_never_assigned_and_the_wait_says_why():
     assert "uid-later" not in state["admitted"]
     message = last(outputs, "workload.pending.v1").message
     assert "flavor a100-flavor refused by policy: [a100-approved-projects] namespace dev-team is not approved" in message
+
+
+
+def test_a_job_whose_node_affinity_allows_h100_only_gets_h100_quota():
+    """ADR 0071: required node affinity, as the nodeSelector."""
+    envelope = validated("aff", 4)
+    envelope.payload.pod_sets[0]["node_affinity"] = [[{"key": CLASS, "operator": "In", "values": ["h100", "v100"]}]]
+    _, outputs = fold_all([envelope], CTX)
+    assert last(outputs, "workload.quota_reserved.v1").flavors == {"main": {"nvidia.com/gpu": "h100-flavor"}}
+    assert last(outputs, "action.admit.v1").node_selector == {CLASS: "h100"}

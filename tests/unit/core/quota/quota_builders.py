@@ -185,6 +185,7 @@ class make_wl:  # noqa: N801 - reads like Kueue's MakeWorkload
         count: int = 1,
         min_count: int | None = None,
         node_selector: dict[str, str] | None = None,
+        node_affinity: list[list[dict[str, Any]]] | None = None,
         **requests: Any,
     ) -> make_wl:
         reqs = {("nvidia.com/gpu" if k == "gpu" else k): v for k, v in requests.items()}
@@ -197,6 +198,9 @@ class make_wl:  # noqa: N801 - reads like Kueue's MakeWorkload
             ps["minCount"] = min_count
         if node_selector:
             ps["template"]["spec"]["nodeSelector"] = node_selector
+        if node_affinity:  # required terms, each a list of matchExpressions
+            ps["template"]["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": term} for term in node_affinity]}}}
         self._spec["podSets"].append(ps)
         return self
 

@@ -77,6 +77,59 @@ CASES = [
         "",
     ),
     (
+        # ADR 0071: required node affinity, as Kueue reads it
+        "node affinity In picks the first flavor it allows",
+        make_cq("cq").gpu("a100", 8).gpu("h100", 8).obj(),
+        [],
+        make_wl("w").podset("main", 1, gpu=2, node_affinity=[
+            [{"key": "gpu.nvidia.com/class", "operator": "In", "values": ["h100", "v100"]}]]),
+        "Admitted",
+        {GPU: "h100"},
+        "",
+    ),
+    (
+        "node affinity NotIn rules a flavor out",
+        make_cq("cq").gpu("a100", 8).gpu("h100", 8).obj(),
+        [],
+        make_wl("w").podset("main", 1, gpu=2, node_affinity=[
+            [{"key": "gpu.nvidia.com/class", "operator": "NotIn", "values": ["a100"]}]]),
+        "Admitted",
+        {GPU: "h100"},
+        "",
+    ),
+    (
+        "node affinity terms: any one may hold",
+        make_cq("cq").gpu("a100", 8).gpu("h100", 8).obj(),
+        [],
+        make_wl("w").podset("main", 1, gpu=2, node_affinity=[
+            [{"key": "gpu.nvidia.com/class", "operator": "In", "values": ["v100"]}],
+            [{"key": "gpu.nvidia.com/class", "operator": "In", "values": ["h100"]}]]),
+        "Admitted",
+        {GPU: "h100"},
+        "",
+    ),
+    (
+        "node affinity on keys no flavor has is left to the node scheduler",
+        make_cq("cq").gpu("a100", 8).obj(),
+        [],
+        make_wl("w").podset("main", 1, gpu=2, node_affinity=[
+            [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["z1"]}]]),
+        "Admitted",
+        {GPU: "a100"},
+        "",
+    ),
+    (
+        "node affinity no flavor meets",
+        make_cq("cq").gpu("a100", 8).gpu("h100", 8).obj(),
+        [],
+        make_wl("w").podset("main", 1, gpu=2, node_affinity=[
+            [{"key": "gpu.nvidia.com/class", "operator": "DoesNotExist"}]]),
+        "Pending",
+        {},
+        "couldn't assign flavors to pod set main: flavor a100 doesn't match node affinity, "
+        "flavor h100 doesn't match node affinity",
+    ),
+    (
         "request above maximum capacity",
         make_cq("cq").gpu("a100", 8).obj(),
         [],
