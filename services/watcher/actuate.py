@@ -14,7 +14,8 @@ A Volcano Job has no suspend. The admission webhook labels its task templates an
 scheduling gate on its pods (ADR 0068); Admit records the placement on the Volcano Job and lifts
 the gate of each of its pods, adding the flavor's nodeSelector and tolerations (what a gated pod
 may still be given), and pods made later are released as the watcher sees them
-(``release_if_admitted``). Evict takes the record away, then deletes the running pods after the
+(``release_if_admitted``); under partial admission only so many of each task's pods as the
+quota holds are live at once, the others held (ADR 0068's addendum). Evict takes the record away, then deletes the running pods after the
 grace period: Volcano makes them again, and the webhook gates them.
 
 Every action is idempotent (re-applying one that already took effect reports
@@ -98,6 +99,22 @@ class _Invalid(Exception):
 
 def _ended(pod: Mapping[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+#: Where Volcano's job controller names a pod's task (a label in recent releases, an annotation in all)
+VOLCANO_TASK = "volcano.sh/task-spec"
+
+
+def _task_of(pod: Mapping[str, Any]) -> str | None:
+    meta = pod.get("metadata") or {}
+    return (meta.get("labels") or {}).get(VOLCANO_TASK) or (meta.get("annotations") or {}).get(VOLCANO_TASK)
+
+
+def _pod_order(pod: Mapping[str, Any]) -> tuple[str, int, str]:
+    """A task's pods by their index (<job>-<task>-<index>): pod 10 after pod 9."""
+    name = (pod.get("metadata") or {}).get("name", "")
+    stem, _, index = name.rpartition("-")
+    return (stem, int(index), name) if index.isdigit() else (name, -1, name)
 
 
 def _iso(t: datetime) -> str:
@@ -247,7 +264,12 @@ class Actuator:
         recorded = ((vcjob or {}).get("metadata", {}).get("annotations") or {}).get(ANN_ADMITTED_PLACEMENT)
         if recorded is None:
             return False
-        released = await self._release(pod, orjson.loads(recorded))
+        placement = orjson.loads(recorded)
+        if placement.get("counts") and not self._within_counts(
+                dict(pod), [p for p in await self._volcano_pods(vcjob) if p["metadata"]["name"] != meta.get("name")],
+                placement):
+            return False  # partial admission: its task runs as many pods as the quota holds
+        released = await self._release(pod, placement)
         if released:
             log.info("released held pod %s/%s of admitted Volcano Job %s", meta.get("namespace"), meta.get("name"),
                      owner[1], extra={"workload_uid": owner[0]})
@@ -402,7 +424,10 @@ class Actuator:
         if not self._held_by_gates(vcjob):
             return NOT_FOUND, _UNHELD, dict(_ON_VOLCANO)
         flavor = self._placement(p)
-        pinned = {"nodeSelector": dict(flavor.node_labels), "tolerations": [dict(t) for t in flavor.tolerations]}
+        pinned: dict[str, Any] = {"nodeSelector": dict(flavor.node_labels),
+                                  "tolerations": [dict(t) for t in flavor.tolerations]}
+        if p.get("counts"):  # partial admission: so many pods of each task, the others held
+            pinned["counts"] = dict(p["counts"])
         placement = orjson.dumps(pinned).decode()
         anns = vcjob["metadata"].get("annotations") or {}
         recorded = anns.get(ANN_ADMITTED_PLACEMENT) == placement
@@ -414,15 +439,41 @@ class Actuator:
                     ANN_ACTION_ID: action.get("event_id", ""),
                     ANN_EVICT_REASON: None, ANN_CHECKPOINT: None, ANN_EVICT_DEADLINE: None}}},
                 content_type="application/merge-patch+json")
+        pods = await self._volcano_pods(vcjob)
         released = 0
-        for pod in await self._volcano_pods(vcjob):
-            released += await self._release(pod, pinned)
+        for pod in sorted(pods, key=_pod_order):
+            if self._within_counts(pod, pods, pinned) and await self._release(pod, pinned):
+                released += 1
+                pod.setdefault("spec", {})["schedulingGates"] = []  # the pods after it count it as released
+        held = sum(1 for pod in pods if admission_gated(pod))
         details = {"flavor": flavor.name, "node_selector": dict(flavor.node_labels), "released_pods": released,
-                   "api_version": VOLCANO_API}
+                   "held_pods": held, "api_version": VOLCANO_API}
         if recorded and not released:
             return ALREADY_APPLIED, f"already admitted to {flavor.name}", details
+        partially = (f"; {held} stay held, beyond the {pinned['counts']} pods a task the quota holds "
+                     "(partial admission)") if "counts" in pinned else ""
         return APPLIED, (f"released {released} held pod(s) of the Volcano Job with flavor {flavor.name}; "
-                         f"pods it makes later are released as they come"), details
+                         f"pods it makes later are released as they come{partially}"), details
+
+    @staticmethod
+    def _within_counts(pod: dict[str, Any], pods: list[dict[str, Any]], placement: Mapping[str, Any]) -> bool:
+        """Whether a held pod may be released: always, unless the Job was admitted partially and
+        its task already runs as many pods as the quota holds (or its task cannot be told)."""
+        if not admission_gated(pod):
+            return False
+        counts = placement.get("counts")
+        if not counts:
+            return True
+        task = _task_of(pod)
+        if task is None:
+            log.warning("pod %s names no Volcano task (%s): held, since the Job was admitted partially",
+                        pod["metadata"].get("name"), VOLCANO_TASK)
+            return False
+        if task not in counts:
+            return True  # admitted whole
+        live = sum(1 for other in pods if other is not pod and _task_of(other) == task
+                   and not admission_gated(other) and not _ended(other))
+        return live < counts[task]
 
     async def _evict_volcano(self, action: Mapping[str, Any], p: Mapping[str, Any],
                              vcjob: dict[str, Any]) -> tuple[str, str, dict]:

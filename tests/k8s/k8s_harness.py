@@ -347,6 +347,7 @@ def volcano_pod(vcjob: dict[str, Any], i: int) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "spec": template["spec"],
             "metadata": {"name": f"{meta['name']}-worker-{i}", "namespace": meta["namespace"],
                          "annotations": template["metadata"].get("annotations") or {},
-                         "labels": {**template["metadata"]["labels"], "volcano.sh/job-name": meta["name"]},
+                         "labels": {**template["metadata"]["labels"], "volcano.sh/job-name": meta["name"],
+                                    "volcano.sh/task-spec": vcjob["spec"]["tasks"][0]["name"]},
                          "ownerReferences": [{"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
                                               "name": meta["name"], "uid": meta["uid"], "controller": True}]}}

@@ -38,7 +38,7 @@ from services.demo.stack import free_base_port
 from services.policy import PolicySet
 from services.policy.live import StaticLiveState
 from services.watcher import normalize
-from services.watcher.actuate import APPLIED, Actuator
+from services.watcher.actuate import ALREADY_APPLIED, APPLIED, Actuator
 from services.watcher.kube import Kube, KubeError, resource_path
 from services.watcher.normalize import Flavor
 from services.watcher.watch import MemoryStateStore, Watcher
@@ -202,6 +202,71 @@ async def test_a_volcano_job_is_held_by_its_pods_gate_until_admitted_and_again_a
         await watcher.stop()
         with contextlib.suppress(KubeError):
             await admin.request("DELETE", f"{volcano_jobs}/{name}", query={"propagationPolicy": "Background"})
+
+
+async def test_a_volcano_job_admitted_partially_runs_only_the_pods_its_quota_holds(
+        admin: Kube, watcher_kube: Kube, webhook, volcano_jobs: str):
+    """Partial admission (minAvailable below the replicas): the quota holds 2 of the task's 4
+    pods. The Admit releases two and the other two stay held, however often the watcher sees
+    them; once a released pod ends, a held one takes its place. Every pod used to be released:
+    4 pods running on the quota of 2."""
+    actuator = Actuator(watcher_kube, EventLog(), flavors=A100)
+    name = f"vc-elastic-{uuid.uuid4().hex[:6]}"
+    try:
+        template = team_job("t", pods=1, gpus_per_pod=1, run_s=600)["spec"]["template"]
+        vcjob = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+                 "metadata": {"name": name, "namespace": NS,
+                              "labels": {"kueue.x-k8s.io/queue-name": "team-ml",
+                                         "quartermaster.dev/cost-center": "cc-ml"}},
+                 "spec": {"minAvailable": 2, "tasks": [{"name": "worker", "replicas": 4, "template": template}]}}
+        created = await admin.request("POST", volcano_jobs, body=vcjob)
+        uid = created["metadata"]["uid"]
+        for i in range(4):
+            await admin.request("POST", resource_path("", "v1", "pods", NS), body=volcano_pod(created, i))
+
+        async def gated() -> list[str]:
+            now = await admin.get(resource_path("", "v1", "pods", NS), labelSelector=f"volcano.sh/job-name={name}")
+            return sorted(p["metadata"]["name"] for p in now["items"] if p["spec"].get("schedulingGates"))
+
+        admitted = await actuator.apply(admit_action(uid, NS, name, node_selector={"gpu.nvidia.com/class": "a100"},
+                                                     counts={"worker": 2}))
+        assert admitted.outcome == APPLIED, admitted.message
+        assert "released 2 held pod(s)" in admitted.message and "2 stay held" in admitted.message, admitted.message
+        assert await gated() == [f"{name}-worker-2", f"{name}-worker-3"]
+        # the watcher sees the held pods again (a restart, a resync): they stay held
+        for held in (2, 3):
+            pod = await admin.get(resource_path("", "v1", "pods", NS, f"{name}-worker-{held}"))
+            assert await actuator.release_if_admitted(pod) is False
+        again = await actuator.apply(admit_action(uid, NS, name, node_selector={"gpu.nvidia.com/class": "a100"},
+                                                  counts={"worker": 2}))
+        assert again.outcome == ALREADY_APPLIED and await gated() == [f"{name}-worker-2", f"{name}-worker-3"]
+
+        # a released pod ends: one held pod takes its place, the other still waits
+        await admin.request("DELETE", resource_path("", "v1", "pods", NS, f"{name}-worker-0"),
+                            query={"gracePeriodSeconds": "0"})
+        await wait_until(lambda: _gone(admin, f"{name}-worker-0"), 30, what="the released pod gone")
+        pod = await admin.get(resource_path("", "v1", "pods", NS, f"{name}-worker-2"))
+        assert await actuator.release_if_admitted(pod) is True
+        pod = await admin.get(resource_path("", "v1", "pods", NS, f"{name}-worker-3"))
+        assert await actuator.release_if_admitted(pod) is False
+        assert await gated() == [f"{name}-worker-3"]
+    finally:
+        with contextlib.suppress(KubeError):
+            await admin.request("DELETE", f"{volcano_jobs}/{name}", query={"propagationPolicy": "Background"})
+        for i in range(4):
+            with contextlib.suppress(KubeError):
+                await admin.request("DELETE", resource_path("", "v1", "pods", NS, f"{name}-worker-{i}"),
+                                    query={"gracePeriodSeconds": "0"})
+
+
+async def _gone(admin: Kube, pod_name: str) -> bool:
+    try:
+        await admin.get(resource_path("", "v1", "pods", NS, pod_name))
+    except KubeError as e:
+        if e.status == 404:
+            return True
+        raise
+    return False
 
 
 def latest(log: EventLog, event_type: str, uid: str) -> dict | None:
