@@ -17,7 +17,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from services.core.quota.flavors import flavor_matches_selector, node_affinity_of, required_node_affinity
+from services.core.quota.flavors import (
+    flavor_matches_selector,
+    node_affinity_of,
+    pod_tolerations,
+    required_node_affinity,
+    tolerations_of,
+    untolerated_taint,
+)
 from services.core.quota.model import ClusterQueue, Objects, ResourceGroup
 from services.policy import PolicySet, placement_sensitive
 from services.policy.views import ADMITTED_FLAVOR_ANNOTATION, pod_milli, pod_sets
@@ -62,6 +69,7 @@ def offered_flavors(objects: Objects, cluster_queue: str, pod_sets: Iterable[dic
     for ps in pod_sets:
         selector = tuple(sorted((ps.get("node_selector") or {}).items()))
         affinity = node_affinity_of(ps.get("node_affinity"))
+        tolerations = tolerations_of(ps.get("tolerations"))
         for resource, milli in sorted(ps["requests"].items()):
             rg = _group_of(cq, resource) if milli else None
             if rg is None:
@@ -69,7 +77,8 @@ def offered_flavors(objects: Objects, cluster_queue: str, pod_sets: Iterable[dic
             names = tuple(fq.flavor for fq in rg.flavors
                           if fq.flavor in objects.flavors
                           and flavor_matches_selector(objects.flavors[fq.flavor], selector, objects.flavors, rg,
-                                                      affinity))
+                                                      affinity)
+                          and untolerated_taint(objects.flavors[fq.flavor], tolerations) is None)
             if names:
                 out.append((ps["name"], resource, names))
     return out
@@ -117,6 +126,9 @@ def pod_sets_of(obj: dict[str, Any]) -> list[dict]:
         terms = required_node_affinity(pod_spec or {})
         if terms:
             ps["node_affinity"] = terms
+        tolerations = pod_tolerations(pod_spec or {})
+        if tolerations:
+            ps["tolerations"] = tolerations
         out.append(ps)
     return out
 

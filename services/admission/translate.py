@@ -34,6 +34,8 @@ def kubernetes_object(w: WorkloadSubmitted) -> dict[str, Any]:
         spec: dict[str, Any] = {"containers": [{"name": "main", "resources": {"requests": quantities, "limits": limits}}]}
         if ps.get("node_selector"):
             spec["nodeSelector"] = dict(ps["node_selector"])
+        if ps.get("tolerations"):
+            spec["tolerations"] = [dict(t) for t in ps["tolerations"]]
         if ps.get("node_affinity"):
             spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": [{"matchExpressions": [dict(r) for r in term]} for term in ps["node_affinity"]]}}}

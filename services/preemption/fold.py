@@ -45,7 +45,7 @@ from services.core.quota import (
     preemption_targets,
 )
 from services.core.quota import Workload as CoreWorkload
-from services.core.quota.flavors import AssignmentMode, node_affinity_of
+from services.core.quota.flavors import AssignmentMode, node_affinity_of, tolerations_of
 
 PRODUCER = "preemption"
 #: Where an answer goes: the requests' topic (the trail) and the cohort's stream, which the
@@ -222,7 +222,8 @@ def decide(payload: PreemptionNeeded, state: dict, now: float, ctx: Context) -> 
             PodSet(name=ps["name"], count=int(ps["count"]), requests=tuple(sorted(ps["requests"].items())),
                    min_count=ps.get("min_count"), node_selector=tuple(sorted((ps.get("node_selector") or {}).items())),
                    refused_flavors=tuple(sorted((ps.get("refused_flavors") or {}).items())),
-                   node_affinity=node_affinity_of(ps.get("node_affinity")))
+                   node_affinity=node_affinity_of(ps.get("node_affinity")),
+                   tolerations=tolerations_of(ps.get("tolerations")))
             for ps in p.get("pod_sets") or []
         ),
         priority=int(p["priority"]),

@@ -74,7 +74,7 @@ from services.core.quota import (
 from services.core.quota import Workload as CoreWorkload
 from services.core.quota.dynamic import with_borrowing_limits
 from services.core.quota.flavors import PODS
-from services.core.quota.model import LabelRequirement, QueueingStrategy, Reason
+from services.core.quota.model import LabelRequirement, QueueingStrategy, Reason, Toleration
 from services.core.quota.tree import available
 from services.policy import quota_rules
 
@@ -620,7 +620,8 @@ def _pending_view(w: dict) -> tuple[dict, CoreWorkload, tuple, tuple, tuple]:
     if len(_CORE_WORKLOADS) > 200_000:  # (entries leave on admission; this bounds the withdrawn)
         _CORE_WORKLOADS.clear()
     shape = tuple((ps["name"], ps.get("min_count") or ps["count"], tuple(sorted(ps["requests"].items())),
-                   _pairs(ps, "node_selector"), _pairs(ps, "refused_flavors"), _terms(ps)) for ps in w["pod_sets"])
+                   _pairs(ps, "node_selector"), _pairs(ps, "refused_flavors"), _terms(ps), _tolerations(ps))
+                  for ps in w["pod_sets"])
     order = (w["created_at"], w["uid"])
     memo = (w, _convert_pending(w), (w["cluster_queue"], w["priority"], shape), order, (-w["priority"], *order))
     _CORE_WORKLOADS[w["uid"]] = memo
@@ -641,6 +642,12 @@ def _terms(ps: dict) -> tuple[tuple[tuple[str, str, tuple[str, ...]], ...], ...]
                  for term in ps.get("node_affinity") or ())
 
 
+def _tolerations(ps: dict) -> tuple[tuple[str, str, str, str], ...]:
+    """A pod set's tolerations as plain tuples (ADR 0072)."""
+    return tuple((t.get("key", ""), t.get("operator", "Equal"), t.get("value", ""), t.get("effect", ""))
+                 for t in ps.get("tolerations") or ())
+
+
 def _pairs(ps: dict, field: str) -> tuple[tuple[str, str], ...]:
     """A pod set's nodeSelector or refused flavors as the core reads them (ADR 0070)."""
     mapping = ps.get(field)
@@ -649,7 +656,8 @@ def _pairs(ps: dict, field: str) -> tuple[tuple[str, str], ...]:
 
 def _shared_pod_sets(pod_sets: list[dict]) -> tuple[PodSet, ...]:
     fields = tuple((ps["name"], ps["count"], tuple(sorted(ps["requests"].items())), ps.get("min_count"),
-                    _pairs(ps, "node_selector"), _pairs(ps, "refused_flavors"), _terms(ps)) for ps in pod_sets)
+                    _pairs(ps, "node_selector"), _pairs(ps, "refused_flavors"), _terms(ps), _tolerations(ps))
+                   for ps in pod_sets)
     shared = _POD_SETS.get(fields)
     if shared is None:
         if len(_POD_SETS) > 4096:
@@ -657,8 +665,9 @@ def _shared_pod_sets(pod_sets: list[dict]) -> tuple[PodSet, ...]:
         shared = _POD_SETS[fields] = tuple(
             PodSet(name=name, count=count, requests=requests, min_count=min_count, node_selector=selector,
                    refused_flavors=refused,
-                   node_affinity=tuple(tuple(LabelRequirement(*r) for r in term) for term in affinity))
-            for name, count, requests, min_count, selector, refused, affinity in fields
+                   node_affinity=tuple(tuple(LabelRequirement(*r) for r in term) for term in affinity),
+                   tolerations=tuple(Toleration(*t) for t in tolerations))
+            for name, count, requests, min_count, selector, refused, affinity, tolerations in fields
         )
     return shared
 

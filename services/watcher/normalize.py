@@ -33,7 +33,7 @@ from services.contracts.events import (
     WorkloadFinished,
     WorkloadSubmitted,
 )
-from services.core.quota.flavors import required_node_affinity
+from services.core.quota.flavors import pod_tolerations, required_node_affinity
 
 PRODUCER = "watcher"
 
@@ -211,6 +211,9 @@ def _pod_set(name: str, count: int, pod_spec: Mapping[str, Any], min_count: int 
     affinity = required_node_affinity(pod_spec)  # the same, ADR 0071
     if affinity:
         ps["node_affinity"] = affinity
+    tolerations = pod_tolerations(pod_spec)  # a flavor's taints must be tolerated, ADR 0072
+    if tolerations:
+        ps["tolerations"] = tolerations
     return ps
 
 

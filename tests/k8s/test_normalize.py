@@ -70,6 +70,20 @@ def test_a_pod_sets_node_selector_travels_with_it():
     assert "node_selector" not in valid(n.workload_submitted(job()))["pod_sets"][0]
 
 
+def test_a_pod_sets_tolerations_travel_with_it():
+    """ADR 0072: a flavor's nodeTaints must be tolerated; tolerationSeconds stays the node's."""
+    j = job()
+    j["spec"]["template"]["spec"]["tolerations"] = [
+        {"key": "reserved", "operator": "Equal", "value": "research", "effect": "NoSchedule"},
+        {"operator": "Exists"},
+        {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}]
+    assert valid(n.workload_submitted(j))["pod_sets"][0]["tolerations"] == [
+        {"key": "reserved", "operator": "Equal", "value": "research", "effect": "NoSchedule"},
+        {"key": "", "operator": "Exists", "value": "", "effect": ""},
+        {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "value": "", "effect": "NoExecute"}]
+    assert "tolerations" not in valid(n.workload_submitted(job()))["pod_sets"][0]
+
+
 def test_a_pod_sets_required_node_affinity_travels_with_it():
     """ADR 0071: its matchExpressions (matchFields name nodes, and stay kube-scheduler's)."""
     j = job()

@@ -34,6 +34,8 @@ from services.core.quota.model import (
     Reason,
     ResourceFlavor,
     ResourceGroup,
+    Taint,
+    Toleration,
 )
 from services.core.quota.snapshot import ClusterQueueState
 from services.core.quota.tree import available, height_of_lowest_subtree_that_fits, potential_available
@@ -215,6 +217,32 @@ def required_node_affinity(pod_spec: Mapping[str, Any]) -> list[list[dict[str, A
     return terms if any(terms) else []
 
 
+def untolerated_taint(flavor: ResourceFlavor, tolerations: tuple[Toleration, ...]) -> Taint | None:
+    """The first of the flavor's NoSchedule/NoExecute taints the pods do not tolerate (Kueue's
+    check: the pods' own tolerations; the flavor's `tolerations` are added at admission, and
+    are not counted here)."""
+    for taint in flavor.node_taints:
+        if taint.effect in ("NoSchedule", "NoExecute") and not any(t.tolerates(taint) for t in tolerations):
+            return taint
+    return None
+
+
+def pod_tolerations(pod_spec: Mapping[str, Any]) -> list[dict[str, str]]:
+    """A pod template's tolerations as events carry them ({key, operator, value, effect}; ADR
+    0072); tolerationSeconds is the node's business. [] when there are none."""
+    return [{"key": str(t.get("key") or ""), "operator": str(t.get("operator") or "Equal"),
+             "value": str(t.get("value") or ""), "effect": str(t.get("effect") or "")}
+            for t in pod_spec.get("tolerations") or () if isinstance(t, Mapping)
+            and (t.get("operator") or "Equal") in ("Equal", "Exists")
+            and (t.get("effect") or "") in ("", "NoSchedule", "PreferNoSchedule", "NoExecute")]
+
+
+def tolerations_of(tolerations: Iterable[Mapping[str, Any]] | None) -> tuple[Toleration, ...]:
+    """A pod set's `tolerations` as events carry them ({key, operator, value, effect}) -> the core's."""
+    return tuple(Toleration(str(t.get("key") or ""), str(t.get("operator") or "Equal"), str(t.get("value") or ""),
+                            str(t.get("effect") or "")) for t in tolerations or ())
+
+
 def node_affinity_of(terms: Iterable[Iterable[Mapping[str, Any]]] | None) -> tuple[tuple[LabelRequirement, ...], ...]:
     """A pod set's `node_affinity` as events carry it (terms of {key, operator, values}) -> the core's."""
     return tuple(tuple(LabelRequirement(r["key"], r["operator"], tuple(r.get("values") or ())) for r in term)
@@ -333,7 +361,7 @@ class FlavorAssigner:
                         if usage
                         else ()
                     )
-                    search = (res, ps.node_selector, ps.node_affinity, ps.refused_flavors, group, assumed)
+                    search = (res, ps.node_selector, ps.node_affinity, ps.tolerations, ps.refused_flavors, group, assumed)
                     free_key = ("flavor", self.cq.name, search)
                     hit = memo_dict.get(free_key)
                     if hit is None:
@@ -388,6 +416,12 @@ class FlavorAssigner:
                 reasons.append(f"flavor {fname} doesn't match node affinity")
                 no_fit = _worse(no_fit, Reason.NO_MATCHING_FLAVOR)
                 continue
+            if flavor.node_taints:
+                taint = untolerated_taint(flavor, ps.tolerations)
+                if taint is not None:
+                    reasons.append(f"untolerated taint {taint} in flavor {fname}")
+                    no_fit = _worse(no_fit, Reason.NO_MATCHING_FLAVOR)
+                    continue
             if ps.refused_flavors:
                 why = dict(ps.refused_flavors).get(fname)
                 if why is not None:

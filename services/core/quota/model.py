@@ -160,6 +160,37 @@ class FlavorFungibility:
 class ResourceFlavor:
     name: str
     node_labels: tuple[tuple[str, str], ...] = ()
+    node_taints: tuple[Taint, ...] = ()  # a pod set must tolerate them to be given the flavor
+
+
+@quick_init
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str = ""
+    effect: str = ""  # NoSchedule, NoExecute (PreferNoSchedule asks nothing of a pod)
+
+    def __str__(self) -> str:  # as Kubernetes writes one: key=value:effect
+        return f"{self.key}{'=' + self.value if self.value else ''}:{self.effect}"
+
+
+@quick_init
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    key: str = ""  # empty with Exists: every key
+    operator: str = "Equal"  # Equal, Exists
+    value: str = ""
+    effect: str = ""  # empty: every effect
+
+    def tolerates(self, taint: Taint) -> bool:
+        """Kubernetes' ToleratesTaint."""
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.key and self.key != taint.key:
+            return False
+        if self.operator == "Exists":
+            return True
+        return self.operator in ("Equal", "") and self.value == taint.value
 
 
 @quick_init
@@ -238,6 +269,7 @@ class PodSet:
     refused_flavors: tuple[tuple[str, str], ...] = ()
     # the pod template's required node affinity: terms (any may hold) of requirements (all must)
     node_affinity: tuple[tuple[LabelRequirement, ...], ...] = ()
+    tolerations: tuple[Toleration, ...] = ()  # what the pods tolerate of a flavor's nodeTaints
     # pod sets key the flavor assigner's per-queue plans, hashed once per nomination: computed
     # once here instead of rehashing every field each time
     _hash: int = field(default=0, init=False, repr=False, compare=False)
@@ -246,7 +278,7 @@ class PodSet:
         object.__setattr__(
             self, "_hash",
             hash((self.name, self.count, self.requests, self.min_count, self.node_selector, self.refused_flavors,
-                  self.node_affinity)),
+                  self.node_affinity, self.tolerations)),
         )
 
     def __hash__(self) -> int:

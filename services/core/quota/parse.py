@@ -39,6 +39,8 @@ from services.core.quota.model import (
     ResourceFlavor,
     ResourceGroup,
     ResourceQuota,
+    Taint,
+    Toleration,
     Workload,
 )
 
@@ -145,6 +147,34 @@ class _Ctx:
 def _labels(ctx: _Ctx, value: Any, path: str) -> tuple[tuple[str, str], ...]:
     labels = ctx.mapping(value, path)
     return tuple(sorted((str(k), str(v)) for k, v in labels.items()))
+
+
+_TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def _taints(ctx: _Ctx, value: Any, path: str) -> tuple[Taint, ...]:
+    out = []
+    for i, raw in enumerate(ctx.seq(value, path)):
+        tpath = f"{path}[{i}]"
+        taint = ctx.mapping(raw, tpath)
+        effect = ctx.enum(taint.get("effect"), f"{tpath}.effect", _TAINT_EFFECTS, "")
+        if not effect:
+            raise ctx.fail(f"{tpath}.effect", f"required: one of {', '.join(_TAINT_EFFECTS)}")
+        out.append(Taint(ctx.string(taint.get("key"), f"{tpath}.key", required=True), str(taint.get("value") or ""),
+                         effect))
+    return tuple(out)
+
+
+def _tolerations(ctx: _Ctx, pod_spec: Mapping[str, Any], path: str) -> tuple[Toleration, ...]:
+    out = []
+    for i, raw in enumerate(ctx.seq(pod_spec.get("tolerations"), f"{path}.tolerations")):
+        tpath = f"{path}.tolerations[{i}]"
+        t = ctx.mapping(raw, tpath)
+        out.append(Toleration(str(t.get("key") or ""),
+                              ctx.enum(t.get("operator"), f"{tpath}.operator", ("Equal", "Exists"), "Equal"),
+                              str(t.get("value") or ""),
+                              ctx.enum(t.get("effect"), f"{tpath}.effect", ("", *_TAINT_EFFECTS), "")))
+    return tuple(out)
 
 
 _NODE_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
@@ -379,6 +409,7 @@ def _pod_set(ctx: _Ctx, raw: Any, path: str) -> PodSet:
         min_count=min_count,
         node_selector=_labels(ctx, pod_spec.get("nodeSelector"), f"{path}.template.spec.nodeSelector"),
         node_affinity=_node_affinity(ctx, pod_spec, f"{path}.template.spec"),
+        tolerations=_tolerations(ctx, pod_spec, f"{path}.template.spec"),
     )
 
 
@@ -490,7 +521,8 @@ class _Loader:
         self._seen[ident] = source
         spec = ctx.mapping(doc.get("spec"), "spec")
         if kind == "ResourceFlavor":
-            self.flavors[name] = ResourceFlavor(name, _labels(ctx, spec.get("nodeLabels"), "spec.nodeLabels"))
+            self.flavors[name] = ResourceFlavor(name, _labels(ctx, spec.get("nodeLabels"), "spec.nodeLabels"),
+                                                _taints(ctx, spec.get("nodeTaints"), "spec.nodeTaints"))
         elif kind == "ClusterQueue":
             self.cqs[name] = _cluster_queue(ctx, spec, self.warnings)
         elif kind == "Cohort":
@@ -592,6 +624,7 @@ class _Loader:
                 min_count,
                 _labels(ctx, pod_spec.get("nodeSelector"), "spec.template.spec.nodeSelector"),
                 node_affinity=_node_affinity(ctx, pod_spec, "spec.template.spec"),
+                tolerations=_tolerations(ctx, pod_spec, "spec.template.spec"),
             )
             pclass = labels.get(PRIORITY_CLASS_LABEL) or pod_spec.get("priorityClassName")
             priority, pclass = self._priority(ctx, None, pclass, "metadata.labels")

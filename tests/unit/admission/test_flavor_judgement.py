@@ -131,3 +131,20 @@ def test_the_webhook_reads_a_pod_templates_affinity_as_the_watcher_does():
                                            "node_affinity": [[{"key": CLASS, "operator": "In", "values": ["h100"]}]]}]
     assert placement.offered_flavors(config("a100", "h100"), "gpu-queue", placement.pod_sets_of(job)) == [
         ("main", GPU, ("h100-flavor",))]
+
+
+
+def test_a_flavor_whose_taints_the_pods_do_not_tolerate_is_not_judged():
+    objects = load_objects(("test", d) for d in [
+        {"apiVersion": V1, "kind": "ResourceFlavor", "metadata": {"name": "a100-flavor"},
+         "spec": {"nodeLabels": {CLASS: "a100"}, "nodeTaints": [{"key": "reserved", "effect": "NoSchedule"}]}},
+        {"apiVersion": V1, "kind": "ResourceFlavor", "metadata": {"name": "h100-flavor"},
+         "spec": {"nodeLabels": {CLASS: "h100"}}},
+        {"apiVersion": V1, "kind": "ClusterQueue", "metadata": {"name": "gpu-queue"}, "spec": {
+            "namespaceSelector": {}, "resourceGroups": [{"coveredResources": [GPU], "flavors": [
+                {"name": f, "resources": [{"name": GPU, "nominalQuota": 8}]} for f in ("a100-flavor", "h100-flavor")]}]}}])
+    w = submitted("dev-team")
+    assert placement.offered_flavors(objects, "gpu-queue", w.pod_sets) == [("main", GPU, ("h100-flavor",))]
+    w.pod_sets[0]["tolerations"] = [{"key": "reserved", "operator": "Exists", "value": "", "effect": ""}]
+    assert placement.offered_flavors(objects, "gpu-queue", w.pod_sets) == [
+        ("main", GPU, ("a100-flavor", "h100-flavor"))]

@@ -4,6 +4,8 @@ is pinned to h100 nodes, never a100's first; a refused flavor is never assigned.
 
 from __future__ import annotations
 
+import dataclasses
+
 from fold_steps import fold_all
 
 from services.adapters.kueue_config import KueueConfig
@@ -19,6 +21,16 @@ DOCS = [
      "spec": {"nodeLabels": {CLASS: "a100"}}},
     {"apiVersion": V1, "kind": "ResourceFlavor", "metadata": {"name": "h100-flavor"},
      "spec": {"nodeLabels": {CLASS: "h100"}}},
+    {"apiVersion": V1, "kind": "ResourceFlavor", "metadata": {"name": "reserved-flavor"},
+     "spec": {"nodeLabels": {CLASS: "h100"}, "nodeTaints": [{"key": "reserved", "value": "research",
+                                                              "effect": "NoSchedule"}]}},
+    {"apiVersion": V1, "kind": "ClusterQueue", "metadata": {"name": "reserved-queue"}, "spec": {
+        "namespaceSelector": {},
+        "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
+            {"name": "reserved-flavor", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 8}]},
+        ]}]}},
+    {"apiVersion": V1, "kind": "LocalQueue", "metadata": {"name": "team-reserved", "namespace": "ml-team"},
+     "spec": {"clusterQueue": "reserved-queue"}},
     {"apiVersion": V1, "kind": "ClusterQueue", "metadata": {"name": "gpu-queue"}, "spec": {
         "namespaceSelector": {},
         "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
@@ -94,3 +106,21 @@ def test_a_job_whose_node_affinity_allows_h100_only_gets_h100_quota():
     _, outputs = fold_all([envelope], CTX)
     assert last(outputs, "workload.quota_reserved.v1").flavors == {"main": {"nvidia.com/gpu": "h100-flavor"}}
     assert last(outputs, "action.admit.v1").node_selector == {CLASS: "h100"}
+
+
+
+def test_a_tainted_flavor_is_given_only_to_pods_that_tolerate_its_taints():
+    """ADR 0072: reserved-flavor's nodes carry reserved=research:NoSchedule."""
+    def on_reserved(name, tolerations=None):
+        envelope = validated(name, 4)
+        envelope.payload.pod_sets[0]["tolerations"] = tolerations or []
+        return make_envelope(dataclasses.replace(envelope.payload, queue_name="team-reserved",
+                                                 cluster_queue="reserved-queue"),
+                             producer="test", occurred_at="2026-11-29T10:00:00Z")
+
+    tolerating = [{"key": "reserved", "operator": "Equal", "value": "research", "effect": "NoSchedule"}]
+    state, outputs = fold_all([on_reserved("plain"), on_reserved("tolerant", tolerating)], CTX)
+    assert "uid-tolerant" in state["admitted"] and "uid-plain" not in state["admitted"]
+    pending = last(outputs, "workload.pending.v1")
+    assert pending.name == "plain"
+    assert "untolerated taint reserved=research:NoSchedule in flavor reserved-flavor" in pending.message

@@ -186,6 +186,7 @@ class make_wl:  # noqa: N801 - reads like Kueue's MakeWorkload
         min_count: int | None = None,
         node_selector: dict[str, str] | None = None,
         node_affinity: list[list[dict[str, Any]]] | None = None,
+        tolerations: list[dict[str, str]] | None = None,
         **requests: Any,
     ) -> make_wl:
         reqs = {("nvidia.com/gpu" if k == "gpu" else k): v for k, v in requests.items()}
@@ -201,6 +202,8 @@ class make_wl:  # noqa: N801 - reads like Kueue's MakeWorkload
         if node_affinity:  # required terms, each a list of matchExpressions
             ps["template"]["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": [{"matchExpressions": term} for term in node_affinity]}}}
+        if tolerations:
+            ps["template"]["spec"]["tolerations"] = tolerations
         self._spec["podSets"].append(ps)
         return self
 

@@ -13,6 +13,10 @@ BASE = [
 ]
 
 
+RESERVED = {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor", "metadata": {"name": "reserved"},
+            "spec": {"nodeTaints": [{"key": "reserved", "value": "research", "effect": "NoSchedule"}]}}
+
+
 def other_cq_using(n, flavor="a100"):
     """A lender 'other' in cohort c, plus a workload 'hog' in cq using n of flavor."""
     return make_wl("hog").queue("main").gpu(n).admitted("cq", flavor).obj()
@@ -128,6 +132,46 @@ CASES = [
         {},
         "couldn't assign flavors to pod set main: flavor a100 doesn't match node affinity, "
         "flavor h100 doesn't match node affinity",
+    ),
+    # ADR 0072: a flavor's nodeTaints, as Kueue reads them (the pods' own tolerations)
+    (
+        "an untolerated NoSchedule taint rules a flavor out",
+        make_cq("cq").gpu("reserved", 8).gpu("a100", 8).obj(),
+        [RESERVED],
+        make_wl("w").gpu(2),
+        "Admitted",
+        {GPU: "a100"},
+        "",
+    ),
+    (
+        "a tolerated taint does not",
+        make_cq("cq").gpu("reserved", 8).gpu("a100", 8).obj(),
+        [RESERVED],
+        make_wl("w").podset("main", 1, gpu=2, tolerations=[
+            {"key": "reserved", "operator": "Equal", "value": "research", "effect": "NoSchedule"}]),
+        "Admitted",
+        {GPU: "reserved"},
+        "",
+    ),
+    (
+        "an untolerated taint says which",
+        make_cq("cq").gpu("reserved", 8).obj(),
+        [RESERVED],
+        make_wl("w").podset("main", 1, gpu=2, tolerations=[
+            {"key": "reserved", "operator": "Equal", "value": "other", "effect": "NoSchedule"}]),
+        "Pending",
+        {},
+        "couldn't assign flavors to pod set main: untolerated taint reserved=research:NoSchedule in flavor reserved",
+    ),
+    (
+        "PreferNoSchedule asks nothing of a pod",
+        make_cq("cq").gpu("preferred", 8).obj(),
+        [{**RESERVED, "metadata": {"name": "preferred"}, "spec": {"nodeTaints": [
+            {"key": "reserved", "value": "research", "effect": "PreferNoSchedule"}]}}],
+        make_wl("w").gpu(2),
+        "Admitted",
+        {GPU: "preferred"},
+        "",
     ),
     (
         "request above maximum capacity",

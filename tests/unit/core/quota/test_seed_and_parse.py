@@ -230,6 +230,20 @@ def test_job_becomes_a_workload():
             "spec.clusterQueue",
             "is required",
         ),
+        (
+            {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor", "metadata": {"name": "spot"},
+             "spec": {"nodeTaints": [{"key": "spot", "value": "true"}]}},
+            "ResourceFlavor spot",
+            "spec.nodeTaints[0].effect",
+            "required: one of NoSchedule, PreferNoSchedule, NoExecute",
+        ),
+        (
+            {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor", "metadata": {"name": "spot"},
+             "spec": {"nodeTaints": [{"key": "spot", "effect": "NoPlace"}]}},
+            "ResourceFlavor spot",
+            "spec.nodeTaints[0].effect",
+            "must be one of NoSchedule, PreferNoSchedule, NoExecute, got 'NoPlace'",
+        ),
     ],
 )
 def test_invalid_input_names_file_object_field(doc, obj, field, problem):
