@@ -421,6 +421,15 @@ def _holders_text(holders: Sequence[Holder], limit: int = 5) -> str:
 _REFUSED_FLAVOR = re.compile(r"flavor (\S+) refused by policy")
 
 
+_UNTOLERATED = re.compile(r"untolerated taint (\S+) in flavor (\S+?)(?:,|$)")
+
+
+def _taint_steps(message: str) -> list[str]:
+    """What to do about flavors whose nodeTaints the pods do not tolerate (ADR 0072)."""
+    return [f"or tolerate flavor {flavor}'s taint {taint} in the Job's pod template (its nodes are kept for "
+            "workloads that do)" for taint, flavor in sorted(set(_UNTOLERATED.findall(message)))]
+
+
 def _policy_refusal_steps(message: str) -> list[str]:
     """What to do about flavors the admission policies keep a workload off (ADR 0070)."""
     refused = sorted(set(_REFUSED_FLAVOR.findall(message)))
@@ -628,8 +637,8 @@ def explain(workload_key: str, envelopes: Iterable[Envelope]) -> Explanation:
                 Verdict.NO_MATCHING_FLAVOR,
                 f"{workload_key} waits: {message}. No flavor of the ClusterQueue matches the workload's node "
                 "selector/affinity, so quota cannot be assigned whatever is free.",
-                ["align the Job's nodeSelector with a ResourceFlavor's nodeLabels, or add that flavor to the "
-                 "ClusterQueue", *_policy_refusal_steps(message)],
+                ["align the Job's nodeSelector (or required node affinity) with a ResourceFlavor's nodeLabels, or "
+                 "add that flavor to the ClusterQueue", *_taint_steps(message), *_policy_refusal_steps(message)],
                 cq=p.cluster_queue or cq,
             )
         queue = p.cluster_queue or cq

@@ -275,3 +275,13 @@ def test_a_workload_kept_off_a_flavor_by_its_policies_is_told_so():
         "admission allowed it into ClusterQueue gpu-queue (LocalQueue team-ml); kept off flavor(s) a100-flavor "
         "by its policies (ADR 0070)"]
     assert any(step.startswith("its policies keep it off flavor(s) a100-flavor") for step in result.next_steps)
+
+
+def test_a_workload_no_flavor_tolerates_is_told_which_taint_to_tolerate():
+    """ADR 0072: the flavor's taint is named, and what to do about it."""
+    waiting = pending(str(Reason.NO_MATCHING_FLAVOR), "couldn't assign flavors to pod set main: untolerated taint "
+                      "reserved=research:NoSchedule in flavor reserved-flavor")
+    result = explain(KEY, [submitted(), validated(), waiting])
+    assert result.verdict == Verdict.NO_MATCHING_FLAVOR, result.answer
+    assert ("or tolerate flavor reserved-flavor's taint reserved=research:NoSchedule in the Job's pod template "
+            "(its nodes are kept for workloads that do)") in result.next_steps
