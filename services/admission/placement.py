@@ -181,3 +181,53 @@ def dead_end_violations(judgement: Judgement, cluster_queue: str) -> list[Any]:
             out += [dataclasses.replace(v, message=f"{v.message} ({where})") for v in by_flavor[name].violations]
     return out
 
+
+
+@dataclass(frozen=True)
+class FlavorRow:
+    """One flavor of the workload's queue, for one pod set and resource, and what became of it."""
+
+    pod_set: str
+    resource: str
+    flavor: str
+    verdict: str  # "allowed", "refused by policy", "not offered"
+    why: str = ""
+
+
+def flavor_rows(
+    judge_object: Callable[[dict[str, Any], frozenset[int]], Any],
+    policy_set: PolicySet,
+    obj: dict[str, Any],
+    objects: Objects,
+    cluster_queue: str,
+    pod_sets: list[dict],
+) -> list[FlavorRow]:
+    """Every flavor the queue has for what the pod sets request: offered or not (and why not, in
+    the flavor assigner's words), and the policies' verdict on the offered ones (`qm policy where`)."""
+    cq = objects.cluster_queues.get(cluster_queue)
+    if cq is None:
+        return []
+    refused = judge(judge_object, policy_set, obj, objects, cluster_queue, pod_sets).refused_flavors()
+    rows = []
+    for ps in pod_sets:
+        selector = tuple(sorted((ps.get("node_selector") or {}).items()))
+        affinity = node_affinity_of(ps.get("node_affinity"))
+        tolerations = tolerations_of(ps.get("tolerations"))
+        for resource, milli in sorted(ps["requests"].items()):
+            rg = _group_of(cq, resource) if milli else None
+            if rg is None:
+                continue
+            for fq in rg.flavors:
+                flavor = objects.flavors.get(fq.flavor)
+                if flavor is None:
+                    rows.append(FlavorRow(ps["name"], resource, fq.flavor, "not offered", "flavor not found"))
+                elif not flavor_matches_selector(flavor, selector, objects.flavors, rg, affinity):
+                    rows.append(FlavorRow(ps["name"], resource, fq.flavor, "not offered",
+                                          "doesn't match the pods' nodeSelector or required node affinity"))
+                elif (taint := untolerated_taint(flavor, tolerations)) is not None:
+                    rows.append(FlavorRow(ps["name"], resource, fq.flavor, "not offered", f"untolerated taint {taint}"))
+                elif fq.flavor in refused:
+                    rows.append(FlavorRow(ps["name"], resource, fq.flavor, "refused by policy", refused[fq.flavor]))
+                else:
+                    rows.append(FlavorRow(ps["name"], resource, fq.flavor, "allowed"))
+    return rows

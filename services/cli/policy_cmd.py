@@ -1,4 +1,5 @@
-"""`qm policy`: test policy suites, check a policy directory, and ask what-if before applying."""
+"""`qm policy`: test policy suites, check a policy directory, ask what-if before applying, and
+ask where a workload may run."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-policy_app = typer.Typer(help="Admission policies: test suites, check, what-if.", no_args_is_help=True)
+policy_app = typer.Typer(help="Admission policies: test suites, check, what-if, where.", no_args_is_help=True)
 
 
 @policy_app.command("test")
@@ -119,6 +120,84 @@ def what_if_cmd(
                 f"  {r.enforcement_action.upper():6} {r.namespace}/{r.name} [{r.kind}] {r.policy}: {r.message}{now}"
             )
     if fail_on_block and report.newly_blocked:
+        raise typer.Exit(3)
+
+
+@policy_app.command("where")
+def where_cmd(
+    job: Annotated[Path, typer.Argument(help="The workload: a batch/v1 Job, a Volcano Job or a Kueue Workload (YAML)")],
+    config: Annotated[Path, typer.Option("--config", help="The Kueue objects (as QM_CONFIG_DIR)")] = Path(
+        "examples/seed"),
+    policies: Annotated[
+        list[Path] | None, typer.Option("--policies", help="The active policies [default: policies/library]")
+    ] = None,
+    state: Annotated[
+        Path | None,
+        typer.Option("--state", help="Namespaces, qm.usage and qm.budgets records (YAML/JSON), as the webhook's "
+                                     "--state; without it the namespace has only its name label"),
+    ] = None,
+    output: Annotated[str, typer.Option("--output", "-o", help="table or json")] = "table",
+) -> None:
+    """Where may this workload run? Judge it as admission does: as submitted, then on each flavor
+    its queue has (ADR 0070-0072). Exit 0 if some flavor takes it, 3 if none can.
+
+    Example: qm policy where train.yaml --config examples/seed --state live.yaml"""
+    from services.adapters.kueue_config import load_config_dir
+    from services.admission.placement import flavor_rows, pod_sets_of
+    from services.admission.webhook import _load_state
+    from services.contracts import yaml_documents
+    from services.core.quota import ConfigError
+    from services.policy import EnforcementPoint, PolicyError, PolicySet, evaluate
+    from services.policy.views import QUEUE_LABEL, cost_center_of
+
+    try:
+        objects = load_config_dir(config)
+        policy_set = PolicySet.load(policies or [Path("policies/library")])
+        docs = [d for d in yaml_documents.load_all(job.read_text()) if isinstance(d, dict)]
+    except (ConfigError, PolicyError, OSError) as e:
+        typer.echo(f"cannot read the inputs: {e}", err=True)
+        raise typer.Exit(2) from None
+    if len(docs) != 1:
+        typer.echo(f"{job}: expected one workload document, found {len(docs)}", err=True)
+        raise typer.Exit(2)
+    obj = docs[0]
+    meta = obj.get("metadata") or {}
+    namespace = meta.get("namespace") or "default"
+    queue = (meta.get("labels") or {}).get(QUEUE_LABEL) or (obj.get("spec") or {}).get("queueName")
+    local = objects.local_queues.get((namespace, queue)) if queue else None
+    if local is None:
+        typer.echo(f"{namespace}/{meta.get('name', '?')}: no LocalQueue {queue!r} in namespace {namespace} in {config} "
+                   f"(the {QUEUE_LABEL} label names it)", err=True)
+        raise typer.Exit(2)
+    live = _load_state(str(state) if state else None)
+    namespace_object = live.namespace(namespace) or {"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": namespace, "labels": {"kubernetes.io/metadata.name": namespace}}}
+    cost_center = cost_center_of(obj, namespace_object)
+
+    def judge(o: dict, only: frozenset[int] | None = None):
+        return evaluate(policy_set, o, namespace_object, live.usage(namespace),
+                        live.budget(cost_center) if cost_center else None, live.cluster,
+                        enforcement_point=EnforcementPoint.BUS, only=only)
+
+    submitted = judge(obj)
+    rows = flavor_rows(judge, policy_set, obj, objects, local.cluster_queue, pod_sets_of(obj)) if submitted.allowed else []
+    runs = submitted.allowed and any(r.verdict == "allowed" for r in rows)
+    if output == "json":
+        typer.echo(json.dumps({"workload": f"{namespace}/{meta.get('name', '')}", "clusterQueue": local.cluster_queue,
+                               "allowedAsSubmitted": submitted.allowed, "refusals": [v.render() for v in submitted.denials],
+                               "flavors": [r.__dict__ for r in rows], "canRun": runs}, indent=2))
+    else:
+        typer.echo(f"{namespace}/{meta.get('name', '')} in LocalQueue {queue} -> ClusterQueue {local.cluster_queue}")
+        if not submitted.allowed:
+            typer.echo("refused as submitted:")
+            for v in submitted.denials:
+                typer.echo(f"  {v.render()}")
+        for r in rows:
+            why = f": {r.why}" if r.why else ""
+            typer.echo(f"  {r.pod_set} {r.resource} on {r.flavor}: {r.verdict}{why}")
+        typer.echo("it can run on the flavors marked allowed" if runs else
+                   "it cannot run in this queue: no flavor takes it")
+    if not runs:
         raise typer.Exit(3)
 
 

@@ -149,3 +149,84 @@ def test_what_if_invalid_policy(qm, tmp_path):
     (tmp_path / "w.yaml").write_text(SNAPSHOT)
     r = qm("what-if", "-f", bad, "--policies", LIBRARY, "--workloads", tmp_path / "w.yaml")
     assert r.exit_code == 1 and "spec.parameters.maxGpu" in r.output
+
+
+WHERE_JOB = """
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: finetune
+  namespace: ml-team
+  labels: {kueue.x-k8s.io/queue-name: team-ml, quartermaster.dev/cost-center: cc-ml}
+spec:
+  parallelism: 2
+  template:
+    spec:
+      containers: [{name: trainer, image: pytorch, resources: {limits: {nvidia.com/gpu: "4"}}}]
+"""
+TWO_CLASSES = """
+apiVersion: kueue.x-k8s.io/v1beta1
+kind: ResourceFlavor
+metadata: {name: a100-flavor}
+spec: {nodeLabels: {gpu.nvidia.com/class: a100}}
+---
+apiVersion: kueue.x-k8s.io/v1beta1
+kind: ResourceFlavor
+metadata: {name: h100-flavor}
+spec: {nodeLabels: {gpu.nvidia.com/class: h100}}
+---
+apiVersion: kueue.x-k8s.io/v1beta1
+kind: ResourceFlavor
+metadata: {name: reserved-flavor}
+spec: {nodeTaints: [{key: reserved, value: research, effect: NoSchedule}]}
+---
+apiVersion: kueue.x-k8s.io/v1beta1
+kind: ClusterQueue
+metadata: {name: gpu-queue}
+spec:
+  namespaceSelector: {}
+  resourceGroups:
+  - coveredResources: [nvidia.com/gpu]
+    flavors:
+    - {name: reserved-flavor, resources: [{name: nvidia.com/gpu, nominalQuota: 8}]}
+    - {name: a100-flavor, resources: [{name: nvidia.com/gpu, nominalQuota: 8}]}
+    - {name: h100-flavor, resources: [{name: nvidia.com/gpu, nominalQuota: 8}]}
+---
+apiVersion: kueue.x-k8s.io/v1beta1
+kind: LocalQueue
+metadata: {name: team-ml, namespace: ml-team}
+spec: {clusterQueue: gpu-queue}
+"""
+
+
+def test_where_says_which_flavors_take_a_job_and_why_not_the_others(qm, tmp_path):
+    """ADR 0070-0072: an unapproved ml-team's Job, in a queue of a tainted flavor, A100s and H100s."""
+    job = tmp_path / "job.yaml"
+    job.write_text(WHERE_JOB)
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "kueue.yaml").write_text(TWO_CLASSES)
+    r = qm("where", job, "--config", config, "--policies", LIBRARY)
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert lines[0] == "ml-team/finetune in LocalQueue team-ml -> ClusterQueue gpu-queue"
+    assert lines[1] == "  main nvidia.com/gpu on reserved-flavor: not offered: untolerated taint reserved=research:NoSchedule"
+    assert lines[2].startswith("  main nvidia.com/gpu on a100-flavor: refused by policy: [a100-approved-projects] "
+                               "namespace ml-team is not approved for a100")
+    assert lines[3:] == ["  main nvidia.com/gpu on h100-flavor: allowed", "it can run on the flavors marked allowed"]
+    # the field report's queue has A100s alone: nowhere to run, exit 3; approved, it runs there
+    r = qm("where", job, "--config", ROOT / "examples" / "seed", "--policies", LIBRARY, "-o", "json")
+    assert r.exit_code == 3 and json.loads(r.output)["canRun"] is False, r.output
+    state = tmp_path / "state.yaml"
+    state.write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: ml-team, labels: "
+                     "{quartermaster.dev/approved: 'true'}}\n")
+    r = qm("where", job, "--config", ROOT / "examples" / "seed", "--policies", LIBRARY, "--state", state, "-o", "json")
+    assert r.exit_code == 0 and json.loads(r.output)["flavors"] == [
+        {"pod_set": "main", "resource": "nvidia.com/gpu", "flavor": "a100-flavor", "verdict": "allowed", "why": ""}]
+
+
+def test_where_names_a_missing_local_queue(qm, tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text(WHERE_JOB.replace("queue-name: team-ml", "queue-name: nope"))
+    r = qm("where", job, "--config", ROOT / "examples" / "seed", "--policies", LIBRARY)
+    assert r.exit_code == 2 and "no LocalQueue 'nope' in namespace ml-team" in r.output
