@@ -43,7 +43,7 @@ from services.admission import placement
 from services.core.held_pods import ADMISSION_GATE, VOLCANO_GROUP, volcano_owner
 from services.core.quota.model import Objects
 from services.policy import EnforcementAction, EnforcementPoint, PolicySet, evaluate
-from services.policy.live import LiveState, StaticLiveState
+from services.policy.live import LiveState, load_state_file
 from services.policy.views import QUEUE_LABEL, cost_center_of
 
 log = logging.getLogger("services.admission.webhook")
@@ -381,26 +381,6 @@ async def serve(
     return runner
 
 
-def _load_state(path: str | None) -> StaticLiveState:
-    if not path:
-        return StaticLiveState()
-    from services.policy.live import load_records
-
-    ns, usage, budgets, cluster = [], [], [], None
-    for rec in load_records(path):
-        if not isinstance(rec, dict):
-            continue
-        if rec.get("kind") == "Namespace":
-            ns.append(rec)
-        elif "costCenter" in rec:
-            budgets.append(rec)
-        elif "namespace" in rec and ("total" in rec or "running" in rec or "reserved" in rec):
-            usage.append(rec)
-        elif rec.get("kind") == "ClusterSignals" or "gpuUtilization" in rec:
-            cluster = rec
-    return StaticLiveState.build(ns, usage, budgets, cluster)
-
-
 def main(argv: list[str] | None = None) -> None:
     """Standalone webhook over a policy directory and a static state file (the bus shell wires Kafka)."""
     p = argparse.ArgumentParser(description="Quartermaster admission webhook (standalone)")
@@ -414,7 +394,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--key")
     args = p.parse_args(argv)
     policy_set = PolicySet.load(args.policies)
-    state = _load_state(args.state)
+    state = load_state_file(args.state)
     objects = load_config_dir(args.config) if args.config else None
     app = make_app(lambda: policy_set, state, queues=(lambda: objects) if objects is not None else None)
     # The services' collector settings (ADR 0013): with CPython's defaults a full collection

@@ -144,10 +144,10 @@ def where_cmd(
     Example: qm policy where train.yaml --config examples/seed --state live.yaml"""
     from services.adapters.kueue_config import load_config_dir
     from services.admission.placement import flavor_rows, pod_sets_of
-    from services.admission.webhook import _load_state
     from services.contracts import yaml_documents
     from services.core.quota import ConfigError
     from services.policy import EnforcementPoint, PolicyError, PolicySet, evaluate
+    from services.policy.live import load_state_file
     from services.policy.views import QUEUE_LABEL, cost_center_of
 
     try:
@@ -169,7 +169,7 @@ def where_cmd(
         typer.echo(f"{namespace}/{meta.get('name', '?')}: no LocalQueue {queue!r} in namespace {namespace} in {config} "
                    f"(the {QUEUE_LABEL} label names it)", err=True)
         raise typer.Exit(2)
-    live = _load_state(str(state) if state else None)
+    live = load_state_file(str(state) if state else None)
     namespace_object = live.namespace(namespace) or {"apiVersion": "v1", "kind": "Namespace", "metadata": {
         "name": namespace, "labels": {"kubernetes.io/metadata.name": namespace}}}
     cost_center = cost_center_of(obj, namespace_object)

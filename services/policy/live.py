@@ -81,3 +81,23 @@ def load_records(path: str | Path) -> list[Any]:
         else:
             out.append(doc)
     return out
+
+
+def load_state_file(path: str | None) -> StaticLiveState:
+    """A live-state file (the webhook's and `qm policy where`'s --state): Namespaces, qm.usage
+    records, qm.budgets records and cluster signals, told apart by their fields. None: empty."""
+    if not path:
+        return StaticLiveState()
+    ns, usage, budgets, cluster = [], [], [], None
+    for rec in load_records(path):
+        if not isinstance(rec, dict):
+            continue
+        if rec.get("kind") == "Namespace":
+            ns.append(rec)
+        elif "costCenter" in rec:
+            budgets.append(rec)
+        elif "namespace" in rec and ("total" in rec or "running" in rec or "reserved" in rec):
+            usage.append(rec)
+        elif rec.get("kind") == "ClusterSignals" or "gpuUtilization" in rec:
+            cluster = rec
+    return StaticLiveState.build(ns, usage, budgets, cluster)
