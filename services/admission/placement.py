@@ -59,9 +59,11 @@ def _group_of(cq: ClusterQueue, resource: str) -> ResourceGroup | None:
     return None
 
 
-def offered_flavors(objects: Objects, cluster_queue: str, pod_sets: Iterable[dict]) -> list[tuple[str, str, tuple[str, ...]]]:
-    """(pod set, resource, flavors) for each resource a pod set requests: the flavors of the
-    queue's resource group for it that the pod set's nodeSelector allows, in the queue's order."""
+def _offers(objects: Objects, cluster_queue: str, pod_sets: Iterable[dict]
+            ) -> list[tuple[str, str, list[tuple[str, str | None]]]]:
+    """(pod set, resource, [(flavor, why it is not offered, or None)]) for each resource a pod
+    set requests, over the flavors of the queue's resource group for it, in the queue's order:
+    the flavor assigner's own checks (the nodeSelector and required node affinity, the taints)."""
     cq = objects.cluster_queues.get(cluster_queue)
     if cq is None:
         return []
@@ -74,13 +76,30 @@ def offered_flavors(objects: Objects, cluster_queue: str, pod_sets: Iterable[dic
             rg = _group_of(cq, resource) if milli else None
             if rg is None:
                 continue
-            names = tuple(fq.flavor for fq in rg.flavors
-                          if fq.flavor in objects.flavors
-                          and flavor_matches_selector(objects.flavors[fq.flavor], selector, objects.flavors, rg,
-                                                      affinity)
-                          and untolerated_taint(objects.flavors[fq.flavor], tolerations) is None)
-            if names:
-                out.append((ps["name"], resource, names))
+            flavors = []
+            for fq in rg.flavors:
+                flavor = objects.flavors.get(fq.flavor)
+                if flavor is None:
+                    why: str | None = "flavor not found"
+                elif not flavor_matches_selector(flavor, selector, objects.flavors, rg, affinity):
+                    why = "doesn't match the pods' nodeSelector or required node affinity"
+                elif (taint := untolerated_taint(flavor, tolerations)) is not None:
+                    why = f"untolerated taint {taint}"
+                else:
+                    why = None
+                flavors.append((fq.flavor, why))
+            out.append((ps["name"], resource, flavors))
+    return out
+
+
+def offered_flavors(objects: Objects, cluster_queue: str, pod_sets: Iterable[dict]) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(pod set, resource, flavors) for each resource a pod set requests: the flavors of the
+    queue's resource group for it that the pod set may be given, in the queue's order."""
+    out = []
+    for ps_name, resource, flavors in _offers(objects, cluster_queue, pod_sets):
+        names = tuple(name for name, why in flavors if why is None)
+        if names:
+            out.append((ps_name, resource, names))
     return out
 
 
@@ -204,30 +223,14 @@ def flavor_rows(
 ) -> list[FlavorRow]:
     """Every flavor the queue has for what the pod sets request: offered or not (and why not, in
     the flavor assigner's words), and the policies' verdict on the offered ones (`qm policy where`)."""
-    cq = objects.cluster_queues.get(cluster_queue)
-    if cq is None:
-        return []
     refused = judge(judge_object, policy_set, obj, objects, cluster_queue, pod_sets).refused_flavors()
     rows = []
-    for ps in pod_sets:
-        selector = tuple(sorted((ps.get("node_selector") or {}).items()))
-        affinity = node_affinity_of(ps.get("node_affinity"))
-        tolerations = tolerations_of(ps.get("tolerations"))
-        for resource, milli in sorted(ps["requests"].items()):
-            rg = _group_of(cq, resource) if milli else None
-            if rg is None:
-                continue
-            for fq in rg.flavors:
-                flavor = objects.flavors.get(fq.flavor)
-                if flavor is None:
-                    rows.append(FlavorRow(ps["name"], resource, fq.flavor, "not offered", "flavor not found"))
-                elif not flavor_matches_selector(flavor, selector, objects.flavors, rg, affinity):
-                    rows.append(FlavorRow(ps["name"], resource, fq.flavor, "not offered",
-                                          "doesn't match the pods' nodeSelector or required node affinity"))
-                elif (taint := untolerated_taint(flavor, tolerations)) is not None:
-                    rows.append(FlavorRow(ps["name"], resource, fq.flavor, "not offered", f"untolerated taint {taint}"))
-                elif fq.flavor in refused:
-                    rows.append(FlavorRow(ps["name"], resource, fq.flavor, "refused by policy", refused[fq.flavor]))
-                else:
-                    rows.append(FlavorRow(ps["name"], resource, fq.flavor, "allowed"))
+    for ps_name, resource, flavors in _offers(objects, cluster_queue, pod_sets):
+        for name, why in flavors:
+            if why is not None:
+                rows.append(FlavorRow(ps_name, resource, name, "not offered", why))
+            elif name in refused:
+                rows.append(FlavorRow(ps_name, resource, name, "refused by policy", refused[name]))
+            else:
+                rows.append(FlavorRow(ps_name, resource, name, "allowed"))
     return rows
