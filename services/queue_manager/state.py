@@ -73,8 +73,8 @@ from services.core.quota import (
 )
 from services.core.quota import Workload as CoreWorkload
 from services.core.quota.dynamic import with_borrowing_limits
-from services.core.quota.flavors import PODS
-from services.core.quota.model import LabelRequirement, QueueingStrategy, Reason, Toleration
+from services.core.quota.flavors import PODS, node_affinity_of, tolerations_of
+from services.core.quota.model import QueueingStrategy, Reason
 from services.core.quota.tree import available
 from services.policy import quota_rules
 
@@ -620,7 +620,8 @@ def _pending_view(w: dict) -> tuple[dict, CoreWorkload, tuple, tuple, tuple]:
     if len(_CORE_WORKLOADS) > 200_000:  # (entries leave on admission; this bounds the withdrawn)
         _CORE_WORKLOADS.clear()
     shape = tuple((ps["name"], ps.get("min_count") or ps["count"], tuple(sorted(ps["requests"].items())),
-                   _pairs(ps, "node_selector"), _pairs(ps, "refused_flavors"), _terms(ps), _tolerations(ps))
+                   _pairs(ps, "node_selector"), _pairs(ps, "refused_flavors"),
+                   node_affinity_of(ps.get("node_affinity")), tolerations_of(ps.get("tolerations")))
                   for ps in w["pod_sets"])
     order = (w["created_at"], w["uid"])
     memo = (w, _convert_pending(w), (w["cluster_queue"], w["priority"], shape), order, (-w["priority"], *order))
@@ -636,18 +637,6 @@ _DRAIN_ORDER = itemgetter(4)
 _POD_SETS: dict[tuple, tuple[PodSet, ...]] = {}
 
 
-def _terms(ps: dict) -> tuple[tuple[tuple[str, str, tuple[str, ...]], ...], ...]:
-    """A pod set's required node affinity as plain tuples (ADR 0071)."""
-    return tuple(tuple((r["key"], r["operator"], tuple(r.get("values") or ())) for r in term)
-                 for term in ps.get("node_affinity") or ())
-
-
-def _tolerations(ps: dict) -> tuple[tuple[str, str, str, str], ...]:
-    """A pod set's tolerations as plain tuples (ADR 0072)."""
-    return tuple((t.get("key", ""), t.get("operator", "Equal"), t.get("value", ""), t.get("effect", ""))
-                 for t in ps.get("tolerations") or ())
-
-
 def _pairs(ps: dict, field: str) -> tuple[tuple[str, str], ...]:
     """A pod set's nodeSelector or refused flavors as the core reads them (ADR 0070)."""
     mapping = ps.get(field)
@@ -656,7 +645,8 @@ def _pairs(ps: dict, field: str) -> tuple[tuple[str, str], ...]:
 
 def _shared_pod_sets(pod_sets: list[dict]) -> tuple[PodSet, ...]:
     fields = tuple((ps["name"], ps["count"], tuple(sorted(ps["requests"].items())), ps.get("min_count"),
-                    _pairs(ps, "node_selector"), _pairs(ps, "refused_flavors"), _terms(ps), _tolerations(ps))
+                    _pairs(ps, "node_selector"), _pairs(ps, "refused_flavors"),
+                   node_affinity_of(ps.get("node_affinity")), tolerations_of(ps.get("tolerations")))
                    for ps in pod_sets)
     shared = _POD_SETS.get(fields)
     if shared is None:
@@ -664,9 +654,7 @@ def _shared_pod_sets(pod_sets: list[dict]) -> tuple[PodSet, ...]:
             _POD_SETS.clear()
         shared = _POD_SETS[fields] = tuple(
             PodSet(name=name, count=count, requests=requests, min_count=min_count, node_selector=selector,
-                   refused_flavors=refused,
-                   node_affinity=tuple(tuple(LabelRequirement(*r) for r in term) for term in affinity),
-                   tolerations=tuple(Toleration(*t) for t in tolerations))
+                   refused_flavors=refused, node_affinity=affinity, tolerations=tolerations)
             for name, count, requests, min_count, selector, refused, affinity, tolerations in fields
         )
     return shared
