@@ -53,6 +53,15 @@ def team_job(name: str, **kw) -> dict:
     return gpu_job(name, NS, cost_center="cc-ml", **kw)
 
 
+def team_vcjob(name: str, *, replicas: int) -> dict:
+    """A Volcano Job of ml-team, one task "worker" of `replicas` 1-GPU pods, a gang of 2."""
+    template = team_job("t", pods=1, gpus_per_pod=1, run_s=600)["spec"]["template"]
+    return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+            "metadata": {"name": name, "namespace": NS,
+                         "labels": {"kueue.x-k8s.io/queue-name": "team-ml", "quartermaster.dev/cost-center": "cc-ml"}},
+            "spec": {"minAvailable": 2, "tasks": [{"name": "worker", "replicas": replicas, "template": template}]}}
+
+
 def job_path(name: str) -> str:
     return resource_path("batch", "v1", "jobs", NS, name)
 
@@ -145,13 +154,7 @@ async def test_a_volcano_job_is_held_by_its_pods_gate_until_admitted_and_again_a
     await watcher.wait_synced(60)
     name = f"vc-train-{uuid.uuid4().hex[:6]}"
     try:
-        template = team_job("t", pods=1, gpus_per_pod=1, run_s=600)["spec"]["template"]
-        vcjob = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
-                 "metadata": {"name": name, "namespace": NS,
-                              "labels": {"kueue.x-k8s.io/queue-name": "team-ml",
-                                         "quartermaster.dev/cost-center": "cc-ml"}},
-                 "spec": {"minAvailable": 2, "tasks": [{"name": "worker", "replicas": 2, "template": template}]}}
-        created = await admin.request("POST", volcano_jobs, body=vcjob)
+        created = await admin.request("POST", volcano_jobs, body=team_vcjob(name, replicas=2))
         uid = created["metadata"]["uid"]
         assert created["spec"]["tasks"][0]["template"]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-ml"  # the webhook's
 
@@ -213,13 +216,7 @@ async def test_a_volcano_job_admitted_partially_runs_only_the_pods_its_quota_hol
     actuator = Actuator(watcher_kube, EventLog(), flavors=A100)
     name = f"vc-elastic-{uuid.uuid4().hex[:6]}"
     try:
-        template = team_job("t", pods=1, gpus_per_pod=1, run_s=600)["spec"]["template"]
-        vcjob = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
-                 "metadata": {"name": name, "namespace": NS,
-                              "labels": {"kueue.x-k8s.io/queue-name": "team-ml",
-                                         "quartermaster.dev/cost-center": "cc-ml"}},
-                 "spec": {"minAvailable": 2, "tasks": [{"name": "worker", "replicas": 4, "template": template}]}}
-        created = await admin.request("POST", volcano_jobs, body=vcjob)
+        created = await admin.request("POST", volcano_jobs, body=team_vcjob(name, replicas=4))
         uid = created["metadata"]["uid"]
         for i in range(4):
             await admin.request("POST", resource_path("", "v1", "pods", NS), body=volcano_pod(created, i))
