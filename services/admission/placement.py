@@ -39,7 +39,7 @@ class Refusal:
 
     @property
     def message(self) -> str:
-        return "; ".join(f"[{v.policy}] {v.message}" for v in self.violations)
+        return "; ".join(v.render() for v in self.violations)
 
 
 @dataclass(frozen=True)

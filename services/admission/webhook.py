@@ -246,7 +246,7 @@ def _placement_verdict(judge: Callable[[dict[str, Any], frozenset[int]], Any], p
         return "", []
     judged = placement.judge(judge, policy_set, obj, objects, local.cluster_queue, placement.pod_sets_of(obj))
     if judged.dead_ends:
-        return "\n".join(f"[{v.policy}] {v.message}" for v in placement.dead_end_violations(judged, local.cluster_queue)), []
+        return "\n".join(v.render() for v in placement.dead_end_violations(judged, local.cluster_queue)), []
     return "", [f"flavor {r.flavor} of ClusterQueue {local.cluster_queue} will not be assigned: {r.message}"
                 for r in judged.refused]
 

@@ -15,8 +15,9 @@ scheduling gate on its pods (ADR 0068); Admit records the placement on the Volca
 the gate of each of its pods, adding the flavor's nodeSelector and tolerations (what a gated pod
 may still be given), and pods made later are released as the watcher sees them
 (``release_if_admitted``); under partial admission only so many of each task's pods as the
-quota holds are live at once, the others held (ADR 0068's addendum). Evict takes the record away, then deletes the running pods after the
-grace period: Volcano makes them again, and the webhook gates them.
+quota holds are live at once, the others held (ADR 0068's addendum). Evict takes the record
+away, then deletes the running pods after the grace period: Volcano makes them again, and the
+webhook gates them.
 
 Every action is idempotent (re-applying one that already took effect reports
 ``already-applied``), retried on 409 Conflict (re-read, re-apply) and on temporary errors, and
@@ -266,7 +267,7 @@ class Actuator:
             return False
         placement = orjson.loads(recorded)
         if placement.get("counts") and not self._within_counts(
-                dict(pod), [p for p in await self._volcano_pods(vcjob) if p["metadata"]["name"] != meta.get("name")],
+                pod, [p for p in await self._volcano_pods(vcjob) if p["metadata"]["name"] != meta.get("name")],
                 placement):
             return False  # partial admission: its task runs as many pods as the quota holds
         released = await self._release(pod, placement)
@@ -447,7 +448,7 @@ class Actuator:
                 pod.setdefault("spec", {})["schedulingGates"] = []  # the pods after it count it as released
         held = sum(1 for pod in pods if admission_gated(pod))
         details = {"flavor": flavor.name, "node_selector": dict(flavor.node_labels), "released_pods": released,
-                   "held_pods": held, "api_version": VOLCANO_API}
+                   "held_pods": held, **_ON_VOLCANO}
         if recorded and not released:
             return ALREADY_APPLIED, f"already admitted to {flavor.name}", details
         partially = (f"; {held} stay held, beyond the {pinned['counts']} pods a task the quota holds "
@@ -456,7 +457,7 @@ class Actuator:
                          f"pods it makes later are released as they come{partially}"), details
 
     @staticmethod
-    def _within_counts(pod: dict[str, Any], pods: list[dict[str, Any]], placement: Mapping[str, Any]) -> bool:
+    def _within_counts(pod: Mapping[str, Any], pods: list[dict[str, Any]], placement: Mapping[str, Any]) -> bool:
         """Whether a held pod may be released: always, unless the Job was admitted partially and
         its task already runs as many pods as the quota holds (or its task cannot be told)."""
         if not admission_gated(pod):
@@ -507,7 +508,7 @@ class Actuator:
                     raise
         return APPLIED, (f"held after {grace_s:g}s grace ({reason}): {deleted} running pod(s) deleted; Volcano "
                          f"makes them again, held until the Job is admitted again"), {
-            "grace_period_s": grace_s, "signalled_pods": signalled, "deleted_pods": deleted, "api_version": VOLCANO_API}
+            "grace_period_s": grace_s, "signalled_pods": signalled, "deleted_pods": deleted, **_ON_VOLCANO}
 
     async def _restore_after_suspend(self, p: Mapping[str, Any]) -> bool:
         """Put back the template's own nodeSelector/tolerations after stopping a Job, as Kueue
