@@ -428,12 +428,9 @@ def _reads_placement(read: dict[str, Any]) -> bool:
         return shape is WHOLE or (shape != PRESENT and any(f in shape for f in fields))
 
     for name in ("object", ANY_OBJECT):
-        if name not in read:
-            continue
-        shape = read[name]
-        if shape is WHOLE or "status" in (shape if shape != PRESENT else {}):
+        shape = read.get(name, PRESENT)  # not read at all: as good as its presence alone
+        if has(shape, "status") or (isinstance(shape, dict) and (
+                has(shape.get("metadata", PRESENT), "annotations")
+                or has(shape.get("spec", PRESENT), "template", "podSets", "tasks"))):
             return True
-        if shape != PRESENT and (has(shape.get("metadata", PRESENT), "annotations")
-                                 or has(shape.get("spec", PRESENT), "template", "podSets", "tasks")):
-            return True
-    return "workload" in read and has(read["workload"], "nodeLabels")
+    return has(read.get("workload", PRESENT), "nodeLabels")
