@@ -156,7 +156,10 @@ def main() -> int:
                         help="and only for events less than S seconds after the first (one phase of kueue-baseline: "
                              "its mediums run from ~60 to ~75 s)")
     parser.add_argument("--profile", type=int, default=0, metavar="K",
-                        help="print the K costliest functions (cProfile, cumulative) of the measured records")
+                        help="print the K costliest functions (cProfile) of the measured records")
+    parser.add_argument("--profile-sort", default="cumulative", choices=["cumulative", "tottime", "ncalls"],
+                        help="how --profile orders them: cumulative (default: the stack's costliest branches) "
+                             "or tottime (where the time is spent itself)")
     args = parser.parse_args()
     if args.record:
         count = asyncio.run(record(args.record, args.stream, args.bootstrap))
@@ -171,7 +174,7 @@ def main() -> int:
     result = run(records, context, args.ways, args.measure_after_s, profile, args.measure_until_s)
     print(orjson.dumps(result).decode())
     if profile is not None:
-        pstats.Stats(profile).sort_stats("cumulative").print_stats(args.profile)
+        pstats.Stats(profile).sort_stats(args.profile_sort).print_stats(args.profile)
     return 0
 
 
