@@ -109,19 +109,43 @@ def pod_sets(obj: dict[str, Any]) -> list[tuple[str, int, dict[str, Any]]]:
 
 
 def _node_labels(pod_spec: dict[str, Any], into: dict[str, list[str]]) -> None:
-    for k, v in (pod_spec.get("nodeSelector") or {}).items():
-        into.setdefault(k, [])
-        if v not in into[k]:
-            into[k].append(str(v))
+    """Add, per node label key, the values a pod of `pod_spec` may run on, as kube-scheduler
+    reads them: the nodeSelector's value AND one of the required affinity's terms (terms are
+    ORed; a term's `In` expressions on one key are ANDed). A key some term leaves free is free:
+    the term can place the pod on any of its values, and a free key is not listed (as a key
+    the pod never names). A nodeSelector of h100 with an affinity `In [a100, h100]` so lists
+    h100 alone: the pod cannot land on an A100."""
+    allowed: dict[str, list[str]] = {k: [str(v)] for k, v in (pod_spec.get("nodeSelector") or {}).items()}
     terms = _get(pod_spec, "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution",
                  "nodeSelectorTerms", default=[])  # fmt: skip
-    for term in terms:
+    for key, values in _affinity_values(terms).items():
+        chosen = allowed.get(key)
+        allowed[key] = values if chosen is None else [v for v in chosen if v in values]
+    for key, values in allowed.items():
+        listed = into.setdefault(key, [])
+        listed.extend(v for v in values if v not in listed)
+
+
+def _affinity_values(terms: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Per key that every term constrains with `In`, the values the terms allow together."""
+    per_term = []
+    for term in terms or []:
+        values: dict[str, list[str]] = {}
         for expr in term.get("matchExpressions") or []:
-            if expr.get("operator") == "In":
-                vals = into.setdefault(expr.get("key", ""), [])
-                for v in expr.get("values") or []:
-                    if v not in vals:
-                        vals.append(str(v))
+            if expr.get("operator") != "In":
+                continue
+            key, these = expr.get("key", ""), [str(v) for v in expr.get("values") or []]
+            values[key] = these if key not in values else [v for v in values[key] if v in these]
+        per_term.append(values)
+    if not per_term:
+        return {}
+    out: dict[str, list[str]] = {}
+    for key in per_term[0]:
+        if all(key in values for values in per_term):
+            merged = out.setdefault(key, [])
+            for values in per_term:
+                merged.extend(v for v in values[key] if v not in merged)
+    return out
 
 
 def _gpus(milli: int) -> int:

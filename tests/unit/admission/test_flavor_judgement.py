@@ -103,7 +103,8 @@ def test_the_placed_object_is_what_the_watchers_admit_leaves(kind):
 
 
 def test_an_affinity_that_allows_either_class_is_judged_on_each_and_kept_off_a100():
-    """ADR 0071: a Job whose pods may run on A100 or H100 nodes (required node affinity, In)."""
+    """ADR 0071, 0073: a queued Job whose pods may run on A100 or H100 nodes (required node
+    affinity, In) passes as submitted and is kept off the A100 flavor alone."""
     w = submitted("dev-team")
     w.pod_sets[0]["node_affinity"] = [[{"key": CLASS, "operator": "In", "values": ["a100", "h100"]}]]
     obj = kubernetes_object(w)
@@ -112,13 +113,31 @@ def test_an_affinity_that_allows_either_class_is_judged_on_each_and_kept_off_a10
     def judge(o, only=None):
         return evaluate(LIBRARY, o, ns_obj, usage={}, enforcement_point=EnforcementPoint.BUS, only=only)
 
-    # the library reads an In affinity as the classes the pods ask for: as submitted, a100 is refused
-    assert not judge(obj).allowed
-    w.pod_sets[0]["node_affinity"] = [[{"key": CLASS, "operator": "NotIn", "values": ["v100"]}]]
-    obj = kubernetes_object(w)
     assert judge(obj).allowed
     j = placement.judge(judge, LIBRARY, obj, config("a100", "h100"), "gpu-queue", w.pod_sets)
     assert list(j.refused_flavors()) == ["a100-flavor"] and not j.dead_ends
+    # a queue that offers A100s alone is a dead end, refused in the policy's words
+    j = placement.judge(judge, LIBRARY, obj, config("a100"), "gpu-queue", w.pod_sets)
+    assert j.dead_ends and "not approved for a100" in j.refused_flavors()["a100-flavor"]
+
+
+def test_an_affinity_that_allows_only_a100_is_refused_as_submitted():
+    w = submitted("dev-team")
+    w.pod_sets[0]["node_affinity"] = [[{"key": CLASS, "operator": "In", "values": ["a100"]}]]
+    decision = evaluate(LIBRARY, kubernetes_object(w), namespace("dev-team", False), usage={},
+                        enforcement_point=EnforcementPoint.BUS)
+    assert not decision.allowed
+    assert decision.violations[0].message.startswith("namespace dev-team is not approved for a100 GPUs")
+
+
+def test_a_job_outside_every_queue_that_may_land_on_a100_is_refused():
+    """Nothing judges its flavors: kube-scheduler may put it on an A100 node."""
+    w = submitted("dev-team")
+    w.pod_sets[0]["node_affinity"] = [[{"key": CLASS, "operator": "In", "values": ["a100", "h100"]}]]
+    obj = kubernetes_object(w)
+    del obj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
+    decision = evaluate(LIBRARY, obj, namespace("dev-team", False), usage={}, enforcement_point=EnforcementPoint.BUS)
+    assert not decision.allowed
 
 
 def test_the_webhook_reads_a_pod_templates_affinity_as_the_watcher_does():

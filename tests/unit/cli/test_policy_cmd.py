@@ -225,6 +225,24 @@ def test_where_says_which_flavors_take_a_job_and_why_not_the_others(qm, tmp_path
         {"pod_set": "main", "resource": "nvidia.com/gpu", "flavor": "a100-flavor", "verdict": "allowed", "why": ""}]
 
 
+def test_where_keeps_a_job_that_allows_a100_or_h100_off_a100_alone(qm, tmp_path):
+    """ADR 0073: the unapproved ml-team's pods may run on A100 or H100 nodes (required node
+    affinity). It is not refused as submitted; only the A100 flavor is."""
+    job = tmp_path / "job.yaml"
+    job.write_text(WHERE_JOB.replace("    spec:\n      containers:", "    spec:\n      affinity: {nodeAffinity: {"
+                                     "requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{"
+                                     "matchExpressions: [{key: gpu.nvidia.com/class, operator: In, "
+                                     "values: [a100, h100]}]}]}}}\n      containers:"))
+    assert "values: [a100, h100]" in job.read_text()
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "kueue.yaml").write_text(TWO_CLASSES)
+    r = qm("where", job, "--config", config, "--policies", LIBRARY, "-o", "json")
+    assert r.exit_code == 0, r.output
+    verdicts = {row["flavor"]: row["verdict"] for row in json.loads(r.output)["flavors"]}
+    assert verdicts == {"reserved-flavor": "not offered", "a100-flavor": "refused by policy", "h100-flavor": "allowed"}
+
+
 def test_where_names_a_missing_local_queue(qm, tmp_path):
     job = tmp_path / "job.yaml"
     job.write_text(WHERE_JOB.replace("queue-name: team-ml", "queue-name: nope"))

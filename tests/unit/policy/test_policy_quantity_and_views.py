@@ -75,3 +75,40 @@ def test_usage_view_counts_gpus_from_milli():
 def test_unknown_usage_and_budget_are_zero_and_not_exhausted():
     assert usage_view(None, "x")["gpus"] == 0
     assert budget_view(None) | {} == budget_view({}) and budget_view(None)["exhausted"] is False
+
+
+def _placed_on(node_selector=None, terms=None):
+    pod_spec = {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    if node_selector:
+        pod_spec["nodeSelector"] = node_selector
+    if terms is not None:
+        pod_spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": terms}}}
+    return workload_view({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "ns"},
+                          "spec": {"template": {"spec": pod_spec}}})["nodeLabels"]
+
+
+def _in(key, *values):
+    return {"key": key, "operator": "In", "values": list(values)}
+
+
+@pytest.mark.parametrize("node_selector, terms, labels", [
+    ({"class": "a100"}, None, {"class": ["a100"]}),
+    (None, [{"matchExpressions": [_in("class", "a100", "h100")]}], {"class": ["a100", "h100"]}),
+    # the nodeSelector AND the affinity: the pods can only land on h100 nodes
+    ({"class": "h100"}, [{"matchExpressions": [_in("class", "a100", "h100")]}], {"class": ["h100"]}),
+    # terms are ORed: each term's classes are allowed
+    (None, [{"matchExpressions": [_in("class", "a100")]}, {"matchExpressions": [_in("class", "h100")]}],
+     {"class": ["a100", "h100"]}),
+    # a term that leaves the class free lets the pods land on any class: not listed
+    (None, [{"matchExpressions": [_in("class", "a100")]}, {"matchExpressions": [_in("zone", "z1")]}], {}),
+    # expressions of one term are ANDed
+    (None, [{"matchExpressions": [_in("class", "a100", "h100"), _in("class", "h100", "v100")]}],
+     {"class": ["h100"]}),
+    # NotIn names no value the pods may land on
+    (None, [{"matchExpressions": [{"key": "class", "operator": "NotIn", "values": ["v100"]}]}], {}),
+    # the two disagree: no node takes the pods, and no class is listed
+    ({"class": "h100"}, [{"matchExpressions": [_in("class", "a100")]}], {"class": []}),
+])
+def test_node_labels_are_the_values_the_pods_may_land_on(node_selector, terms, labels):
+    assert _placed_on(node_selector, terms) == labels
