@@ -365,8 +365,9 @@ def pinned(name: str, gpus: int, gpu_class: str | None = None):
 
 async def test_an_unapproved_namespace_is_kept_off_a100s_however_its_job_asks(kafka_bootstrap, topic_prefix, tmp_path):
     """ADR 0070, on the broker with admission and the queue-manager: ml-team, not approved, in a
-    queue of A100s and H100s. A Job pinned to A100s is refused; one pinned to H100s, and one that
-    names no class, are given H100s, where the first flavor that fits used to be A100."""
+    queue of A100s and H100s. A Job pinned to A100s is refused; one pinned to H100s, one that
+    names no class, and one whose affinity allows either (ADR 0073) are given H100s, where the
+    first flavor that fits used to be A100."""
     config = tmp_path / "config"
     config.mkdir()
     (config / "kueue.yaml").write_text(TWO_CLASSES)
@@ -381,16 +382,19 @@ async def test_an_unapproved_namespace_is_kept_off_a100s_however_its_job_asks(ka
         admission.wait_ready()
         queue_manager.wait_ready()
         async with Publisher(kafka_bootstrap, topic_prefix) as bus:
-            for e in [pinned("on-a100", 4, "a100"), pinned("on-h100", 4, "h100"), pinned("any-class", 4)]:
+            either = pinned("either-class", 2)
+            either.payload.pod_sets[0]["node_affinity"] = [
+                [{"key": "gpu.nvidia.com/class", "operator": "In", "values": ["a100", "h100"]}]]
+            for e in [pinned("on-a100", 4, "a100"), pinned("on-h100", 2, "h100"), pinned("any-class", 2), either]:
                 await bus.publish("qm.cluster", e.payload.uid, e)
             await bus.flush()
 
         async def decided():
             seen = {(e.payload.name, e.event_type) for e in await trail(kafka_bootstrap, topic_prefix + "qm.workloads")}
             return {("on-a100", "workload.rejected.v1"), ("on-h100", "workload.quota_reserved.v1"),
-                    ("any-class", "workload.quota_reserved.v1")} <= seen
+                    ("any-class", "workload.quota_reserved.v1"), ("either-class", "workload.quota_reserved.v1")} <= seen
 
-        await wait_for(decided, 90, "a rejection and two reservations")
+        await wait_for(decided, 90, "a rejection and three reservations")
         said = await trail(kafka_bootstrap, topic_prefix + "qm.workloads")
     finally:
         admission.stop()
@@ -398,10 +402,11 @@ async def test_an_unapproved_namespace_is_kept_off_a100s_however_its_job_asks(ka
 
     by = {(e.payload.name, e.event_type): e.payload for e in said}
     assert "[a100-approved-projects] namespace ml-team is not approved for a100" in by["on-a100", "workload.rejected.v1"].message
-    for name in ("on-h100", "any-class"):
+    for name in ("on-h100", "any-class", "either-class"):
         assert by[name, "workload.quota_reserved.v1"].flavors == {"main": {"nvidia.com/gpu": "h100-flavor"}}
-    refused = by["any-class", "workload.validated.v1"].pod_sets[0]["refused_flavors"]
-    assert list(refused) == ["a100-flavor"] and "[a100-approved-projects]" in refused["a100-flavor"]
+    for name in ("any-class", "either-class"):
+        refused = by[name, "workload.validated.v1"].pod_sets[0]["refused_flavors"]
+        assert list(refused) == ["a100-flavor"] and "[a100-approved-projects]" in refused["a100-flavor"]
     assert "refused_flavors" not in by["on-h100", "workload.validated.v1"].pod_sets[0]  # a100 was never on offer
 
 
