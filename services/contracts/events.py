@@ -484,6 +484,7 @@ class WorkloadRequeued:
     attempt: int
     cluster_queue: str | None = None
     backoff_s: int | None = None
+    queue_order_at: str | None = None  # its place in the queue counts from this time (ADR 0074)
 
 
 @quick_init

@@ -66,12 +66,17 @@ try:  # the same files KueueConfig read: the directory's own, not its subdirecto
     quota_rules = load_quota_rules(read_documents(sorted(config_dir.glob("*.y*ml")))[0], objects)
 except PolicyError as error:
     raise SystemExit(f"queue-manager: cannot load the QuotaRules in {config_dir}: {error}") from None
+try:
+    requeue_by_creation = fold.by_creation_timestamp(os.environ.get("QM_REQUEUE_TIMESTAMP", "Eviction"))
+except ValueError as error:
+    raise SystemExit(f"queue-manager: {error}") from None
 context = fold.Context(
     objects=objects,
     pods_ready_timeout_s=float(os.environ.get("QM_PODS_READY_TIMEOUT_S", 300)),
     backoff_base_s=float(os.environ.get("QM_BACKOFF_BASE_S", 60)),
     backoff_max_s=float(os.environ.get("QM_BACKOFF_MAX_S", 3600)),
     max_expiries=int(os.environ.get("QM_MAX_EXPIRIES", 3)),
+    requeue_after_expiry_by_creation=requeue_by_creation,  # ADR 0074
     zombie_ttl_s=float(os.environ.get("QM_ZOMBIE_TTL_S", 600)),
     preemption_answer_timeout_s=float(os.environ.get("QM_PREEMPTION_ANSWER_TIMEOUT_S", 60)),
     coalesce_drains=os.environ.get("QM_COALESCE_DRAINS", "1") != "0",  # ADR 0016

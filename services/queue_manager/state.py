@@ -91,6 +91,10 @@ class Context:
     backoff_base_s: float = 60.0  # Kueue's requeuingStrategy defaults
     backoff_max_s: float = 3600.0
     max_expiries: int = 3  # then the workload is deactivated
+    # Kueue's waitForPodsReady.requeuingStrategy.timestamp: a workload requeued after its
+    # reservation expired waits behind those queued before the expiry (Eviction, the default),
+    # or keeps its creation-time place (Creation). ADR 0074.
+    requeue_after_expiry_by_creation: bool = False
     zombie_ttl_s: float = 600.0
     preemption_answer_timeout_s: float = 60.0  # a question unanswered this long (event time) is asked anew
     # pods all gone without a finish: released and cleaned up after zombie_ttl_s
@@ -100,6 +104,18 @@ class Context:
     # Changes that free quota while the cohort's last drain is in flight wait for its
     # queue.drain_due.v1 and are drained together (ADR 0016). Off: every change drains at once.
     coalesce_drains: bool = False
+
+
+def by_creation_timestamp(requeuing_timestamp: str) -> bool:
+    """Kueue's waitForPodsReady.requeuingStrategy.timestamp (`QM_REQUEUE_TIMESTAMP`) as
+    `Context.requeue_after_expiry_by_creation`: Eviction (the default) or Creation."""
+    choices = {"eviction": False, "creation": True}
+    try:
+        return choices[requeuing_timestamp.strip().lower()]
+    except KeyError:
+        raise ValueError(f"QM_REQUEUE_TIMESTAMP={requeuing_timestamp!r}: expected Eviction (a workload whose "
+                         "reservation expired waits behind those queued before) or Creation (it keeps its "
+                         "place by creation time), as Kueue's waitForPodsReady.requeuingStrategy.timestamp") from None
 
 
 class KeyedContexts:
@@ -476,11 +492,19 @@ def _requeue(state: dict, ctx: Context, emit: _Emitter, entry: dict, reason: str
     workload = entry["workload"]
     backoff_s = min(ctx.backoff_base_s * 2 ** (attempt - 1), ctx.backoff_max_s) if backoff else 0.0
     workload["eligible_at"] = at + backoff_s
+    # Its place in the queue (Kueue's GetQueueOrderTimestamp): the expiry's time after a
+    # pre-freeze expiry (requeuingStrategy Eviction), the creation time after a preemption
+    if backoff and not ctx.requeue_after_expiry_by_creation:
+        workload["queued_at"] = iso(at)
+    else:
+        workload.pop("queued_at", None)
+    _CORE_WORKLOADS.pop(entry["uid"], None)  # its queue order may have moved
     workload["attempts"] = attempt
     _enqueue(state, ctx, workload)
     emit.add("qm.workloads", entry["cohort_key"], WorkloadRequeued(
         uid=entry["uid"], namespace=entry["namespace"], name=entry["name"], cluster_queue=entry["cluster_queue"],
-        reason=reason, requeue_at=iso(workload["eligible_at"]), backoff_s=int(backoff_s), attempt=attempt),
+        reason=reason, requeue_at=iso(workload["eligible_at"]), backoff_s=int(backoff_s), attempt=attempt,
+        queue_order_at=workload.get("queued_at") or workload["created_at"]),
         identity=(entry["uid"], entry["reserved_at"], entry.get("attempt", 0), "requeued"))
 
 
@@ -623,7 +647,7 @@ def _pending_view(w: dict) -> tuple[dict, CoreWorkload, tuple, tuple, tuple]:
                    _pairs(ps, "node_selector"), _pairs(ps, "refused_flavors"),
                    node_affinity_of(ps.get("node_affinity")), tolerations_of(ps.get("tolerations")))
                   for ps in w["pod_sets"])
-    order = (w["created_at"], w["uid"])
+    order = (w.get("queued_at") or w["created_at"], w["uid"])
     memo = (w, _convert_pending(w), (w["cluster_queue"], w["priority"], shape), order, (-w["priority"], *order))
     _CORE_WORKLOADS[w["uid"]] = memo
     return memo
@@ -668,7 +692,7 @@ def _convert_pending(w: dict) -> CoreWorkload:
         pod_sets=_shared_pod_sets(w["pod_sets"]),
         priority=w["priority"],
         priority_class=w.get("priority_class"),
-        created_at=epoch_of(w["created_at"]),
+        created_at=epoch_of(w.get("queued_at") or w["created_at"]),  # the queue order's time
         uid=w["uid"],
     )
 

@@ -135,6 +135,16 @@ CASES = [
       env(WorkloadRequeued(uid=UID, namespace=NS, name=NAME, reason="PodsReadyTimeout", requeue_at=at(363),
                            attempt=1, backoff_s=60, cluster_queue="gpu-queue"), 303, "queue-manager")],
      Verdict.PREFREEZE_EXPIRED, "16 GPU sat idle 300 s"),
+    ("pre-freeze expired, requeued by its eviction time",
+     [submitted(), validated(), reserved(),
+      env(WorkloadPrefreezeExpired(uid=UID, namespace=NS, name=NAME, cluster_queue="gpu-queue", reserved_at=at(3),
+                                   expired_at=at(303), idle_s=300.0, usage={"a100-flavor": {GPU: 16000}}, expiries=1),
+          303, "queue-manager"),
+      env(WorkloadRequeued(uid=UID, namespace=NS, name=NAME, reason="PodsReadyTimeout", requeue_at=at(363),
+                           attempt=1, backoff_s=60, cluster_queue="gpu-queue", queue_order_at=at(303)), 303,
+          "queue-manager")],
+     Verdict.PREFREEZE_EXPIRED, "requeued behind the workloads queued before 2026-11-29T10:05:03Z (Kueue's "
+                                "requeuing by eviction time); next try at 2026-11-29T10:06:03Z"),
     # the queue-manager stops the Job of an expired reservation: that Evict is no preemption
     ("pre-freeze expired, its Job stopped",
      [submitted(), validated(), reserved(),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
 from fold_steps import fold_all
 
 from services.adapters.kueue_config import KueueConfig
@@ -16,7 +17,7 @@ from services.contracts.events import (
     WorkloadRunning,
     WorkloadValidated,
 )
-from services.queue_manager.state import Context, KeyedContexts
+from services.queue_manager.state import Context, KeyedContexts, by_creation_timestamp
 
 SEED = Path(__file__).resolve().parents[3] / "examples" / "seed"
 CONFIG = KueueConfig.load(SEED)
@@ -121,6 +122,43 @@ def test_an_expired_reservation_stops_its_job_so_late_pods_do_not_run_on_release
     state, outputs = run([tick("2026-11-29T10:11:00Z")], state)
     (second,) = [o for o in outputs if o.envelope.event_type == "action.evict.v1"]
     assert second.envelope.event_id != stop.envelope.event_id
+
+
+def _running(name: str, at: str):
+    return make_envelope(WorkloadRunning(uid=f"uid-{name}", namespace="ml-team", name=name, started_at=at),
+                         producer="test", occurred_at=at)
+
+
+def _finished(name: str, at: str):
+    return make_envelope(WorkloadFinished(uid=f"uid-{name}", namespace="ml-team", name=name, succeeded=True,
+                                          finished_at=at), producer="test", occurred_at=at)
+
+
+def _after_an_expiry(ctx):
+    """A (10:00) is reserved and never starts; B (10:01) and C (10:02) wait. A's reservation
+    expires at 10:05, and B takes the quota while A backs off. When B finishes, A (waiting again
+    since 10:05) and C (since 10:02) both want the queue's 32 GPUs: who gets them?"""
+    events = [validated("a", 32, "2026-11-29T10:00:00Z"), validated("b", 32, "2026-11-29T10:01:00Z"),
+              validated("c", 32, "2026-11-29T10:02:00Z"), tick("2026-11-29T10:05:00Z"),
+              _running("b", "2026-11-29T10:05:30Z"), tick("2026-11-29T10:07:00Z"), _finished("b", "2026-11-29T10:30:00Z")]
+    state, _ = fold_all(events, ctx)
+    return set(state["admitted"])
+
+
+def test_a_workload_requeued_after_its_prefreeze_expired_waits_behind_those_queued_before_the_expiry():
+    """ADR 0074, Kueue's default waitForPodsReady.requeuingStrategy.timestamp (Eviction): the
+    Job whose pods never became ready goes to the back of its queue, not ahead of C again."""
+    assert _after_an_expiry(CTX) == {"uid-c"}
+
+
+def test_the_creation_timestamp_strategy_keeps_its_place():
+    assert _after_an_expiry(dataclasses.replace(CTX, requeue_after_expiry_by_creation=True)) == {"uid-a"}
+
+
+def test_the_requeuing_timestamp_reads_kueues_names_and_refuses_others():
+    assert by_creation_timestamp("Eviction") is False and by_creation_timestamp("creation") is True
+    with pytest.raises(ValueError, match="QM_REQUEUE_TIMESTAMP='Oldest': expected Eviction .* or Creation"):
+        by_creation_timestamp("Oldest")
 
 
 def test_running_reservation_does_not_expire_and_counts_as_running():
