@@ -8,7 +8,14 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from bench_kueue import evicted_runs, finishing_windows, packing_timeline, phase_cpu, summary_rows  # noqa: E402
+from bench_kueue import (  # noqa: E402
+    cpu_bound_wall,
+    evicted_runs,
+    finishing_windows,
+    packing_timeline,
+    phase_cpu,
+    summary_rows,
+)
 
 from services.sim.kueue_scenarios import BASELINE, SMALLS_PHASE  # noqa: E402
 
@@ -117,3 +124,15 @@ def test_a_sample_is_split_across_the_window_edge():
     assert small["finished"] == 31  # 2.5 .. 5.5 s
     assert small["cpu_ms_per_finish"]["all"] == round(1000 * 3.0 / 31, 3)  # 3 s of one core, half-samples included
     assert phase_cpu(timeline, None, intervals, windows) == {}  # no clock to line them up: nothing
+
+
+def test_the_cpu_bound_wall_is_the_last_phases_p5_plus_its_workloads_cpu_over_the_cores():
+    """Stop 58's make bench: the smalls' p5 at 75.4 s, 1.585 ms each, 10,500 smalls, 2 cores:
+    83.7 s, where the run measured 83.6 s."""
+    phases = {"medium": {"to_s": 74.8, "cpu_ms_per_finish": {"all": 6.3}},
+              "small": {"to_s": 83.1, "cpu_ms_per_finish": {"all": 1.585}}}
+    windows = {"medium": {"p5_s": 61.9, "p95_s": 74.8}, "small": {"p5_s": 75.4, "p95_s": 83.1}}
+    bound = cpu_bound_wall(phases, windows, {"small": 10_500, "medium": 3_000}, cpus=2)
+    assert bound == {"class": "small", "p5_s": 75.4, "workloads": 10_500, "cpu_ms_each": 1.585, "cpus": 2,
+                     "wall_s": 83.7}
+    assert cpu_bound_wall({}, windows, {"small": 10_500}, cpus=2) is None  # no CPU timeline
