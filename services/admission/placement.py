@@ -201,7 +201,6 @@ def dead_end_violations(judgement: Judgement, cluster_queue: str) -> list[Any]:
     return out
 
 
-
 @dataclass(frozen=True)
 class FlavorRow:
     """One flavor of the workload's queue, for one pod set and resource, and what became of it."""

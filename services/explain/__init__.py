@@ -552,7 +552,7 @@ def explain(workload_key: str, envelopes: Iterable[Envelope]) -> Explanation:
         p = expired.payload
         _, requeued = _last(trail, "workload.requeued.v1")
         retry = f" It was requeued; next try at {requeued.payload.requeue_at}." if requeued else ""
-        order_at = getattr(requeued.payload, "queue_order_at", None) if requeued else None
+        order_at = requeued.payload.queue_order_at if requeued else None
         if order_at and order_at >= p.expired_at:  # ordered by the expiry, not its creation (ADR 0074)
             retry = (f" It was requeued behind the workloads queued before {order_at} (Kueue's requeuing by "
                      f"eviction time); next try at {requeued.payload.requeue_at}.")

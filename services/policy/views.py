@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from services.core.quota.flavors import required_node_affinity
 from services.policy.quantity import quantity_milli
 
 GPU = "nvidia.com/gpu"
@@ -116,9 +117,7 @@ def _node_labels(pod_spec: dict[str, Any], into: dict[str, list[str]]) -> None:
     the pod never names). A nodeSelector of h100 with an affinity `In [a100, h100]` so lists
     h100 alone: the pod cannot land on an A100."""
     allowed: dict[str, list[str]] = {k: [str(v)] for k, v in (pod_spec.get("nodeSelector") or {}).items()}
-    terms = _get(pod_spec, "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution",
-                 "nodeSelectorTerms", default=[])  # fmt: skip
-    for key, values in _affinity_values(terms).items():
+    for key, values in _affinity_values(required_node_affinity(pod_spec)).items():
         chosen = allowed.get(key)
         allowed[key] = values if chosen is None else [v for v in chosen if v in values]
     for key, values in allowed.items():
@@ -126,15 +125,16 @@ def _node_labels(pod_spec: dict[str, Any], into: dict[str, list[str]]) -> None:
         listed.extend(v for v in values if v not in listed)
 
 
-def _affinity_values(terms: list[dict[str, Any]]) -> dict[str, list[str]]:
-    """Per key that every term constrains with `In`, the values the terms allow together."""
+def _affinity_values(terms: list[list[dict[str, Any]]]) -> dict[str, list[str]]:
+    """Per key that every term (as `required_node_affinity` reads them) constrains with `In`,
+    the values the terms allow together."""
     per_term = []
-    for term in terms or []:
+    for term in terms:
         values: dict[str, list[str]] = {}
-        for expr in term.get("matchExpressions") or []:
-            if expr.get("operator") != "In":
+        for requirement in term:
+            if requirement["operator"] != "In":
                 continue
-            key, these = expr.get("key", ""), [str(v) for v in expr.get("values") or []]
+            key, these = requirement["key"], requirement["values"]
             values[key] = these if key not in values else [v for v in values[key] if v in these]
         per_term.append(values)
     if not per_term:

@@ -504,7 +504,7 @@ def _requeue(state: dict, ctx: Context, emit: _Emitter, entry: dict, reason: str
     emit.add("qm.workloads", entry["cohort_key"], WorkloadRequeued(
         uid=entry["uid"], namespace=entry["namespace"], name=entry["name"], cluster_queue=entry["cluster_queue"],
         reason=reason, requeue_at=iso(workload["eligible_at"]), backoff_s=int(backoff_s), attempt=attempt,
-        queue_order_at=workload.get("queued_at") or workload["created_at"]),
+        queue_order_at=_queue_order_at(workload)),
         identity=(entry["uid"], entry["reserved_at"], entry.get("attempt", 0), "requeued"))
 
 
@@ -647,13 +647,19 @@ def _pending_view(w: dict) -> tuple[dict, CoreWorkload, tuple, tuple, tuple]:
                    _pairs(ps, "node_selector"), _pairs(ps, "refused_flavors"),
                    node_affinity_of(ps.get("node_affinity")), tolerations_of(ps.get("tolerations")))
                   for ps in w["pod_sets"])
-    order = (w.get("queued_at") or w["created_at"], w["uid"])
+    order = (_queue_order_at(w), w["uid"])
     memo = (w, _convert_pending(w), (w["cluster_queue"], w["priority"], shape), order, (-w["priority"], *order))
     _CORE_WORKLOADS[w["uid"]] = memo
     return memo
 
 
 _DRAIN_ORDER = itemgetter(4)
+
+
+def _queue_order_at(w: dict) -> str:
+    """When a waiting workload's place in its queue counts from (Kueue's GetQueueOrderTimestamp):
+    the expiry that requeued it, else its creation (ADR 0074)."""
+    return w.get("queued_at") or w["created_at"]
 
 
 #: one tuple of PodSets per distinct pod sets: a drain finds a workload's shape by the tuple's
@@ -692,7 +698,7 @@ def _convert_pending(w: dict) -> CoreWorkload:
         pod_sets=_shared_pod_sets(w["pod_sets"]),
         priority=w["priority"],
         priority_class=w.get("priority_class"),
-        created_at=epoch_of(w.get("queued_at") or w["created_at"]),  # the queue order's time
+        created_at=epoch_of(_queue_order_at(w)),  # the queue order's time
         uid=w["uid"],
     )
 
