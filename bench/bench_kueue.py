@@ -111,6 +111,7 @@ from services.sim.kueue_scenarios import (  # noqa: E402
     preemption_policy,
     scenario_workloads,
 )
+from services.sim.runner import fact_router_for  # noqa: E402
 
 # Kueue's published means (issue 10) and our targets, per scenario.
 ANCHORS = {
@@ -192,7 +193,7 @@ async def run(scenario: KueueScenario, args: argparse.Namespace) -> dict:
         runner = WallClockRunner(
             stack.bootstrap, stack.prefix, workloads, duration_s=timeout + 60, tick_every_s=TICK_EVERY_S,
             namespaces=[cq for cq, _ in scenario.cluster_queues], nodes=(), on_progress=on_progress,
-            progress_every_s=1.0,
+            progress_every_s=1.0, fact_router=fact_router_for(stack.config_dir),  # as the watcher routes (ADR 0075)
         )  # fmt: skip
         # The simulated cluster keeps 50,000 workloads' state: with CPython's default thresholds
         # its collector scanned all of it again and again, on the cores the services run on.

@@ -92,7 +92,7 @@ from services.contracts.codec import parse_utc  # noqa: E402
 from services.core.cost.units import HOUR_MS, MILLI_HOUR_DIVISOR, floor_hour, nano_to_decimal, to_nano  # noqa: E402
 from services.demo.stack import SERVICES  # noqa: E402
 from services.sim.config import write_kueue_config  # noqa: E402
-from services.sim.runner import Simulator  # noqa: E402
+from services.sim.runner import Simulator, fact_router_for  # noqa: E402
 from services.sim.workloads import workloads_from_trace  # noqa: E402
 from services.trace.alibaba import read_nodes, read_pods  # noqa: E402
 
@@ -267,7 +267,8 @@ async def run(args: argparse.Namespace) -> dict:
         simulator = Simulator(stack.bootstrap, stack.prefix, workloads, speed=args.speed, tick_every_s=TICK_EVERY_S,
                               nodes=nodes, on_progress=on_progress, progress_every_s=1.0,
                               tick_holdback_wall_s=args.holdback, settle_wall_s=args.settle or None,
-                              close_books_s=close_delay_s, skip_quiet_wall_s=args.skip_quiet or None)  # fmt: skip
+                              close_books_s=close_delay_s, skip_quiet_wall_s=args.skip_quiet or None,
+                              fact_router=fact_router_for(stack.config_dir))  # as the watcher routes (ADR 0075)  # fmt: skip
         sim_started = time.monotonic()
         stats = None
         try:

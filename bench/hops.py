@@ -2,7 +2,8 @@
 
 A finished pod frees its quota only once two hops have passed:
 * admission's fact lane forwards the cluster's `workload.finished.v1` from `qm.cluster` onto
-  the cohort's stream on `qm.workloads` (ADR 0023, ADR 0026);
+  the cohort's stream on `qm.workloads` (ADR 0023, ADR 0026), unless the watcher (here the
+  simulated cluster) sent it there itself (ADR 0075): then there is no such hop;
 * the queue-manager applies it and writes `workload.released.v1` (and, in the same step or at
   its next drain, the reservations that use the quota).
 
@@ -49,31 +50,36 @@ def _stats(values: list[float]) -> dict[str, Any]:
 def finish_hops(cluster: list[tuple[float, bytes]], workloads: list[tuple[float, bytes]],
                 window_s: float = 5.0) -> dict[str, Any]:
     """`cluster`, `workloads`: (timestamp s, value) of every record of qm.cluster / qm.workloads.
-    Per workload's first finish: forwarded (qm.cluster → qm.workloads) and released (the
-    forwarded finish → the queue-manager's release), overall and per window of the run."""
-    if not cluster:
-        return {}
-    start = min(t for t, _ in cluster)
-    finished_at = {}  # uid -> when the cluster said so
+    Per workload's first finish: forwarded (qm.cluster → qm.workloads, for the finishes that
+    went through admission's fact lane) and released (the finish on the cohort's stream → the
+    queue-manager's release), overall and per window of the run. A finish its source sent to
+    the cohort's stream itself (ADR 0075) is on qm.workloads alone: it happened there, and has
+    no forwarding hop."""
+    on_cluster = {}  # uid -> when the cluster said so on qm.cluster
     for t, value in cluster:
         if FINISHED in value and (uid := _uid(value)) is not None:
-            finished_at.setdefault(uid, t)
-    forwarded_at = {}
+            on_cluster.setdefault(uid, t)
+    forwarded_at = {}  # uid -> its first finish on the cohort's stream
     released_at = {}
     reserved_at: dict[str, list[float]] = {}  # every reservation: a preempted workload has several
     for t, value in ((t, one) for t, record in workloads for one in envelope_values(record)):
-        if FINISHED in value and (uid := _uid(value)) in finished_at:
+        if FINISHED in value and (uid := _uid(value)) is not None:
             forwarded_at.setdefault(uid, t)
         elif RELEASED in value and b'"Finished"' in value and (uid := _uid(value)) is not None:
             released_at.setdefault(uid, t)
         elif RESERVED in value and (uid := _uid(value)) is not None:
             reserved_at.setdefault(uid, []).append(t)
+    finished_at = {uid: on_cluster.get(uid, t) for uid, t in forwarded_at.items()}
+    if not finished_at:
+        return {}
+    start = min(finished_at.values())
     forwarding, releasing, holding = [], [], []
     phases: dict[int, tuple[list[float], list[float], list[float]]] = {}
     for uid, forwarded in forwarded_at.items():
         phase = phases.setdefault(int((finished_at[uid] - start) // window_s), ([], [], []))
-        forwarding.append(forwarded - finished_at[uid])
-        phase[0].append(forwarded - finished_at[uid])
+        if uid in on_cluster:
+            forwarding.append(forwarded - finished_at[uid])
+            phase[0].append(forwarded - finished_at[uid])
         if uid in released_at:
             releasing.append(released_at[uid] - forwarded)
             phase[1].append(released_at[uid] - forwarded)
@@ -112,7 +118,9 @@ def hops_line(hops: dict[str, Any]) -> str:
         return "finish hops: no finishes"
     worst = slowest_release(hops)
     f, r = hops["forwarded_by_admission"], hops["released_by_queue_manager"]
-    return (f"finish hops (p50 / p90): admission forwards in {f['p50_ms']} / {f['p90_ms']} ms, the queue-manager "
+    forwarding = (f"admission forwards in {f['p50_ms']} / {f['p90_ms']} ms" if f["n"] else
+                  "each finish sent to its cohort's stream by the cluster itself (ADR 0075)")
+    return (f"finish hops (p50 / p90): {forwarding}, the queue-manager "
             f"releases in {r['p50_ms']} / {r['p90_ms']} ms; slowest release in the finishes from "
             f"{worst['finished_from_s']:g} s: {worst['released']['p50_ms']} / {worst['released']['p90_ms']} ms"
             + _held_part(hops, worst))

@@ -4,9 +4,10 @@
         qm.workloads: workload.validated.v1 keyed by cohort (for the queue-manager), or
                       workload.rejected.v1 with every violated rule, or
                       workload.pending.v1 (Inadmissible) when the LocalQueue does not exist.
-    qm.cluster (pod running / finished, workload finished, node capacity) -> re-keyed by
-        cohort onto qm.workloads (cohort_stream; ADR 0023) by the fact lane, a consumer group of
-        its own, so that facts do not wait behind a burst of submissions (fact_lane; ADR 0026).
+    qm.cluster (node capacity; pod running / finished and workload finished that their source
+        did not route itself, ADR 0075) -> re-keyed by cohort onto qm.workloads (cohort_stream;
+        ADR 0023) by the fact lane, a consumer group of its own, so that facts do not wait behind
+        a burst of submissions (fact_lane; ADR 0026).
     QM_WEBHOOK_PORT set -> the same evaluator also serves /validate and /mutate (HTTPS when
     QM_WEBHOOK_CERT and QM_WEBHOOK_KEY are given).
 Policies load from QM_POLICY_DIR at start; a new set published on qm.config (`qm config publish`)
@@ -24,13 +25,13 @@ from prometheus_client import Counter, Gauge
 
 from services.adapters import config_set
 from services.adapters.bus import follow
+from services.adapters.cohort_stream import cohort_stream_outputs
 from services.adapters.downstream_lag import GroupLag, Pace, follow_lag
 from services.adapters.kueue_config import KueueConfig
 from services.adapters.live_replica import LiveReplica
 from services.adapters.runtime import FETCH_MAX_WAIT_MS, FETCH_MIN_BYTES, Output, ServiceRuntime
 from services.adapters.settings import Settings, milliseconds_env, whole_number_env
 from services.admission import placement, translate
-from services.admission.cohort_stream import cohort_stream_outputs
 from services.admission.fact_lane import FactLane, run_forever
 from services.contracts.codec import Envelope, make_envelope
 from services.contracts.events import ConfigSnapshot, WorkloadSubmitted

@@ -4,7 +4,10 @@ submissions (ADR 0026).
 Admission reads `qm.cluster` twice, in two consumer groups:
 * its faust agent (group `qm-admission`) judges submissions, one policy evaluation each;
 * this lane (group `qm-admission-facts`) forwards pod running / finished, workload finished and
-  node capacity (cohort_stream, ADR 0023) and passes over everything else.
+  node capacity (cohort_stream, ADR 0023) and passes over everything else. Since ADR 0075 the
+  watcher sends a queued workload's pod and workload facts to the cohort's stream itself, so
+  the lane forwards node capacity and what a source could not route (a queue its config did
+  not know yet; a producer without a config).
 
 In one agent, a burst of submissions held every pod fact behind it: in kueue-large-scale the
 queue-manager learnt of finishes 8-13 s late, preempted workloads that had already finished
@@ -35,8 +38,8 @@ from aiokafka.structs import OffsetAndMetadata
 from prometheus_client import Counter
 
 from services.adapters.bus import TypeMarkers
+from services.adapters.cohort_stream import FORWARDED, UnknownQueue
 from services.adapters.runtime import Output
-from services.admission.cohort_stream import FORWARDED, UnknownQueue
 from services.contracts.codec import ContractError, Envelope, from_document, parse
 
 log = logging.getLogger("qm.admission.facts")

@@ -90,7 +90,7 @@ async def run_demo(options: DemoOptions, console: Console) -> dict:
         trace = options.trace or synthetic_pods(options.pods, span_s=int(options.duration_s))
         simulation = asyncio.create_task(run_simulation(
             options.bootstrap, prefix, trace=trace, speed=options.speed, duration_s=options.duration_s,
-            on_progress=progress))
+            on_progress=progress, config_dir=config_dir))
         if options.live:
             with Live(_view(stats_box["stats"], observed, started), console=console, refresh_per_second=4) as live:
                 while not simulation.done():

@@ -44,7 +44,7 @@ def simulate(args: argparse.Namespace) -> SimStats:
     trace = args.trace or synthetic_pods(args.pods, span_s=int(duration_s))  # as services.demo.run does
     return asyncio.run(run_simulation(
         args.bootstrap, args.prefix, trace=trace, speed=args.speed, duration_s=duration_s,
-        on_progress=_print_progress, progress_every_s=args.progress_every,
+        on_progress=_print_progress, progress_every_s=args.progress_every, config_dir=args.config_dir or None,
     ))
 
 
@@ -63,6 +63,10 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--pods", type=int, default=400, help="pods in the generated trace (ignored with --trace)")
     run.add_argument("--trace", default=os.environ.get("TRACE", ""), help="an Alibaba GPU pod-list CSV to replay")
     run.add_argument("--progress-every", type=float, default=5.0, help="wall seconds between progress lines")
+    run.add_argument("--config-dir", default=os.environ.get("QM_CONFIG_DIR", ""),
+                     help="the services' Kueue config (default: $QM_CONFIG_DIR): with it, pod and workload facts go "
+                          "straight onto their cohort's stream as the watcher sends them (ADR 0075); without it, "
+                          "onto qm.cluster for admission to forward")
     return p
 
 

@@ -40,11 +40,14 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from services.adapters.cohort_stream import FactRouter
+from services.adapters.kueue_config import KueueConfig
 from services.adapters.rdkafka_publisher import RdkafkaPublisher
-from services.contracts.codec import ContractError, Envelope, decode, decode_all, parse_utc
+from services.contracts.codec import ContractError, Envelope, decode, decode_all, encode_bundle, parse_utc
 from services.contracts.events import ActionAdmit, ActionCleanup, ActionEvict
 from services.sim.config import synthetic_nodes
 from services.sim.workloads import (
+    PRODUCER,
     SIM_EPOCH,
     Compression,
     SimWorkload,
@@ -164,8 +167,13 @@ class Simulator:
         settle_wall_s: float | None = None,
         close_books_s: float = 0.0,
         skip_quiet_wall_s: float | None = None,
+        fact_router: FactRouter | None = None,
     ) -> None:
         self.bootstrap, self.prefix = bootstrap, prefix
+        # As the watcher does: the pod and workload facts of a workload in a configured queue
+        # go straight onto its cohort's stream (ADR 0075); without a router, onto qm.cluster
+        self.fact_router = fact_router
+        self._routed: dict[str, list[Envelope]] = {}  # cohort key -> facts not yet sent
         self.workloads = {w.uid: _State(w, remaining_s=w.run_s) for w in workloads}
         self.speed = speed
         last = max((w.submit_s for w in workloads), default=0.0)
@@ -253,8 +261,23 @@ class Simulator:
 
     async def _emit(self, topic: str, key: str, envelope: Envelope) -> None:
         assert self._bus is not None
-        await self._bus.publish(topic, key, envelope)
+        routed = self.fact_router.outputs(envelope) if self.fact_router and topic == "qm.cluster" else None
+        if routed:  # sent by _send_routed, with the other facts of this burst under the same key
+            for output in routed:
+                self._routed.setdefault(output.key, []).append(output.envelope)
+        else:
+            await self._bus.publish(topic, key, envelope)
         self.stats.events_published += 1
+
+    async def _send_routed(self) -> None:
+        """The facts routed since the last call, one bundle record per cohort key (ADR 0034),
+        as admission's fact lane sends a round's: called whenever the run loop is about to wait
+        or flush, so a fact waits no longer than the burst of events it came in."""
+        routed, self._routed = self._routed, {}
+        assert self._bus is not None
+        for key, envelopes in routed.items():
+            for value, _count in encode_bundle(envelopes):
+                await self._bus.publish_raw("qm.workloads", key.encode(), value)
 
     async def _handle(self, item: _Item) -> None:
         self._sim_now = max(self._sim_now, item.sim_s)
@@ -458,6 +481,7 @@ class Simulator:
                     now = time.monotonic()
                     if now - last_progress >= self.progress_every_s:
                         last_progress = now
+                        await self._send_routed()
                         await bus.flush()
                         now_sim = max(self._clock.sim_at(now), 0.0)
                         await self._progress(now_sim if settling else min(now_sim, self.end_s))
@@ -476,6 +500,7 @@ class Simulator:
                     if head.due_wall > now and self._skip_quiet_stretch(now):
                         continue
                     if head.due_wall > now:
+                        await self._send_routed()
                         self._wake.clear()
                         try:
                             await asyncio.wait_for(self._wake.wait(), min(head.due_wall - now, 0.2))
@@ -487,6 +512,7 @@ class Simulator:
                         continue
                     heapq.heappop(self._heap)
                     await self._handle(head)
+                await self._send_routed()
                 await bus.flush()
                 await self._progress(max(self.end_s, self._sim_now) if settling else self.end_s, done=True)
         finally:
@@ -520,6 +546,7 @@ async def run_simulation(
     close_books_s: float = 0.0,
     seed: int = 2023,
     count: int = 2000,
+    config_dir: str | Path | None = None,
 ) -> SimStats:
     """Run the simulator until ``duration_s`` simulated seconds have passed (default: the last
     submission). ``trace``: an Alibaba pod-list CSV path, pods, or None for the synthetic trace
@@ -527,13 +554,21 @@ async def run_simulation(
     services.trace.read_nodes for the real node list). ``on_progress`` (sync or async) gets a
     copy of the counters every ``progress_every_s`` wall seconds and once at the end.
     ``settle_wall_s``, ``close_books_s``: go on past the end until the cluster settles, then
-    tick once more that far ahead (see the module's text)."""
+    tick once more that far ahead (see the module's text). ``config_dir``: the Kueue objects the
+    services run with; given, the pod and workload facts of workloads in its queues go straight
+    onto their cohort's stream, as the watcher sends them (ADR 0075)."""
     pods = load_trace(trace, seed=seed, count=count)
     workloads = workloads_from_trace(pods, start_s=start_s, duration_s=duration_s)
     simulator = Simulator(
         bootstrap, prefix, workloads, speed=speed, duration_s=duration_s, tick_every_s=tick_every_s,
         start_delay_s=start_delay_s, nodes=synthetic_nodes() if nodes is None else nodes, namespaces=namespaces,
         on_progress=on_progress, progress_every_s=progress_every_s, tick_holdback_wall_s=tick_holdback_wall_s,
-        settle_wall_s=settle_wall_s, close_books_s=close_books_s,
+        settle_wall_s=settle_wall_s, close_books_s=close_books_s, fact_router=fact_router_for(config_dir),
     )
     return await simulator.run()
+
+
+def fact_router_for(config_dir: str | Path | None) -> FactRouter | None:
+    """The router a simulated cluster sends its facts through, as the watcher does with the
+    services' QM_CONFIG_DIR (ADR 0075); None without a directory."""
+    return FactRouter(KueueConfig.load(config_dir), PRODUCER) if config_dir else None

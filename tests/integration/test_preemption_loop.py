@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from services.adapters.bus import Publisher, read_envelopes
+from services.adapters.cohort_stream import cohort_stream_outputs
 from services.adapters.kueue_config import KueueConfig
-from services.admission.cohort_stream import cohort_stream_outputs
 from services.contracts.codec import make_envelope
 from services.contracts.events import PodRunning, WorkloadValidated
 from tests.integration.processes import start_worker

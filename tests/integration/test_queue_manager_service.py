@@ -16,8 +16,8 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from services.adapters.bus import Publisher, read_envelopes, read_topic
+from services.adapters.cohort_stream import cohort_stream_outputs
 from services.adapters.kueue_config import KueueConfig
-from services.admission.cohort_stream import cohort_stream_outputs
 from services.contracts.codec import encode, make_envelope
 from services.contracts.events import (
     ClockTick,

@@ -15,7 +15,6 @@ from k8s_harness import ClusterInfo, apply, gpu_job, wait_until
 
 from services.adapters.bus import Publisher, read_envelopes
 from services.adapters.kueue_config import KueueConfig
-from services.admission.cohort_stream import cohort_stream_outputs
 from services.contracts.codec import make_envelope
 from services.contracts.events import ActionAdmit
 
@@ -64,12 +63,24 @@ async def test_watcher_process_publishes_and_actuates_through_kafka(cluster: Clu
             await bus.publish("qm.actions", submission.payload.uid, admit)
             await bus.flush()
 
+        config = KueueConfig.load(REPO / "examples" / "seed")
+        key = config.routing_key("ml-team", "team-ml")
+
+        async def facts(event_type: str) -> list:
+            """The Job's facts of that type: on its cohort's stream, sent there by the watcher itself
+            (ADR 0075), and never on qm.cluster."""
+            on_cluster = [e for e in await events(kafka_bootstrap, topic_prefix + "qm.cluster")
+                          if e.event_type == event_type]
+            assert on_cluster == [], on_cluster
+            return [(r.key, e) async for r, e in read_envelopes(kafka_bootstrap, topic_prefix + "qm.workloads")
+                    if not isinstance(e, Exception) and e.event_type == event_type
+                    and submission.payload.uid in (getattr(e.payload, "workload_uid", None), e.payload.uid)]
+
         async def outcome_and_running():
             trail = await events(kafka_bootstrap, topic_prefix + "qm.cluster")
             outcomes = [e.payload for e in trail if e.event_type == "action.outcome.v1"
                         and e.payload.action_event_id == admit.event_id]
-            running = [e for e in trail if e.event_type == "pod.running.v1" and e.payload.workload_uid
-                       == submission.payload.uid]
+            running = await facts("pod.running.v1")
             return outcomes and running and (outcomes, running)
 
         outcomes, running = await wait_until(outcome_and_running, 90, what="the admit's outcome and a running pod")
@@ -79,21 +90,18 @@ async def test_watcher_process_publishes_and_actuates_through_kafka(cluster: Clu
         assert job["spec"]["template"]["spec"]["nodeSelector"] == {"gpu.nvidia.com/class": "a100"}
 
         # The pods do not carry the Job's queue-name label; their facts carry the Job's queue, so
-        # admission routes them to the queue-manager's cohort (ADR 0064). When the Job completes,
-        # its finish is a fact too: the queue-manager releases its quota on it.
+        # they reach the queue-manager's cohort (ADR 0064): the watcher puts them on its stream
+        # itself, with the workload.running admission used to add (ADR 0075). When the Job
+        # completes, its finish is a fact too: the queue-manager releases its quota on it.
         assert "kueue.x-k8s.io/queue-name" not in ((job["spec"]["template"].get("metadata") or {}).get("labels") or {})
-        assert running[0].payload.queue_name == "team-ml"
-        config = KueueConfig.load(REPO / "examples" / "seed")
+        (pod_key, pod), = running
+        assert pod_key == key.encode() and pod.payload.queue_name == "team-ml" and pod.producer == "watcher"
+        assert [k for k, _ in await facts("workload.running.v1")] == [key.encode()]
 
-        async def finished():
-            trail = await events(kafka_bootstrap, topic_prefix + "qm.cluster")
-            return [e for e in trail if e.event_type == "workload.finished.v1" and e.payload.uid == submission.payload.uid]
-
-        (finish,) = await wait_until(finished, 90, what="the Job's workload.finished on qm.cluster")
+        (finish_key, finish), = await wait_until(lambda: facts("workload.finished.v1"), 90,
+                                                 what="the Job's workload.finished on its cohort's stream")
+        assert finish_key == key.encode()
         assert finish.payload.succeeded is True and finish.payload.queue_name == "team-ml"
-        for fact in (running[0], finish):
-            routed = cohort_stream_outputs(fact, config)
-            assert routed and {o.topic for o in routed} == {"qm.workloads"}, fact
     finally:
         watcher.terminate()
         watcher.wait(30)

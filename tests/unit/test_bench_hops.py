@@ -50,3 +50,17 @@ def test_hops_are_measured_per_workload_and_per_phase_of_the_run():
 def test_a_run_without_finishes_says_so():
     assert finish_hops([], []) == {}
     assert hops_line({}) == "finish hops: no finishes"
+
+
+def test_a_finish_sent_to_the_cohorts_stream_by_its_source_has_no_forwarding_hop():
+    # ADR 0075: the simulated cluster (the watcher) puts the finish on qm.workloads itself
+    workloads = [
+        (99.5, record("workload.quota_reserved.v1", "a")),
+        (100.0, record("workload.finished.v1", "a")),
+        (100.2, record("workload.released.v1", "a", reason="Finished")),
+    ]
+    hops = finish_hops([], workloads, window_s=5.0)
+    assert hops["forwarded_by_admission"]["n"] == 0
+    assert hops["released_by_queue_manager"] == {"n": 1, "p50_ms": 200, "p90_ms": 200}
+    assert hops["quota_held"] == {"n": 1, "p50_ms": 700, "p90_ms": 700}
+    assert "each finish sent to its cohort's stream by the cluster itself" in hops_line(hops)

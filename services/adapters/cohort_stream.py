@@ -1,10 +1,13 @@
-"""Cluster facts onto the cohort's stream (ADR 0009, moved here by ADR 0023).
+"""Cluster facts onto the cohort's stream (ADR 0009, 0023, 0075).
 
-Pure: one qm.cluster envelope -> the qm.workloads records that carry it under the cohort key,
-so every reader of qm.workloads (the queue-manager's fold, cost-accounting) sees one cohort's
-story in one order. Admission reads every qm.cluster record anyway (submissions are among
-them), and reads one workload's records in their own order, so its validation and its pod
-events reach the cohort's stream in the order they happened.
+Pure: one cluster fact -> the qm.workloads records that carry it under the cohort key, so
+every reader of qm.workloads (the queue-manager's fold, cost-accounting) sees one cohort's
+story in one order. Two places put facts there:
+* the fact's source, the watcher (and the simulated cluster), for the pod and workload facts of
+  a workload in a queue it knows (`FactRouter`, ADR 0075): one hop, and no second copy;
+* admission's fact lane, for everything else that reaches qm.cluster: node capacity, and facts
+  from a source that could not route them (ADR 0023, 0026), so a Job in no LocalQueue is
+  still stopped there (ADR 0065).
 
 * pod.running.v1 / pod.finished.v1 travel as they are (cost bills pods that start at
   different times); the running one also becomes workload.running.v1 for the fold (the fold
@@ -13,7 +16,8 @@ events reach the cohort's stream in the order they happened.
 * node.capacity.v1 goes to every cohort key: each cohort places its own workloads on the nodes.
 
 Event ids derive from the source event's id and the record type alone (not from who
-forwards), so the same fact forwarded twice is one event to every reader.
+forwards), so the same fact routed at its source and forwarded by admission (an upgrade, a
+config the two saw differently) is one event to every reader.
 """
 
 from __future__ import annotations
@@ -63,13 +67,14 @@ def stop_outside_every_queue(envelope: Envelope) -> list[Output]:
                                  identity=(envelope.event_id, "stopped"), cause=envelope))]
 
 
-def cohort_stream_outputs(envelope: Envelope, config: KueueConfig) -> list[Output]:
-    """The qm.workloads records for one qm.cluster fact ([] for facts no cohort reads).
-    Raises UnknownQueue when the workload's LocalQueue / ClusterQueue is not configured."""
+def cohort_stream_outputs(envelope: Envelope, config: KueueConfig, producer: str = PRODUCER) -> list[Output]:
+    """The qm.workloads records for one cluster fact ([] for facts no cohort reads), produced
+    by `producer`. Raises UnknownQueue when the workload's LocalQueue / ClusterQueue is not
+    configured."""
     payload = envelope.payload
     if isinstance(payload, NodeCapacity):
         return [
-            Output("qm.workloads", key, make_envelope(payload, producer=PRODUCER, occurred_at=envelope.occurred_at,
+            Output("qm.workloads", key, make_envelope(payload, producer=producer, occurred_at=envelope.occurred_at,
                                                       identity=(envelope.event_id, key), cause=envelope))
             for key in config.cohort_keys()
         ]
@@ -90,8 +95,37 @@ def cohort_stream_outputs(envelope: Envelope, config: KueueConfig) -> list[Outpu
                            f"queue {getattr(payload, 'queue_name', None)!r} is in no configured LocalQueue",
                            stop_outside_every_queue(envelope))
     return [
-        Output("qm.workloads", key, make_envelope(p, producer=PRODUCER, occurred_at=envelope.occurred_at,
+        Output("qm.workloads", key, make_envelope(p, producer=producer, occurred_at=envelope.occurred_at,
                                                   identity=(envelope.event_id, "rekeyed", p.EVENT_TYPE),
                                                   cause=envelope))
         for p in forwarded
     ]
+
+
+#: The facts their source puts on the cohort's stream itself (ADR 0075). Node capacity is not
+#: among them: the replicas read it on qm.cluster, and admission sends it to every cohort.
+ROUTED_AT_SOURCE = frozenset(t.EVENT_TYPE for t in (PodRunning, PodFinished, WorkloadFinished))
+
+
+class FactRouter:
+    """The source's half of ADR 0075: the pod and workload facts of a workload in a configured
+    queue go straight onto its cohort's stream, as admission's fact lane would have put them
+    there (the same records, the same event ids), instead of onto qm.cluster for the lane to
+    read, re-key and send again. In kueue-baseline that second trip cost a fifth of a small
+    job's CPU.
+
+    `outputs()` answers None for everything else, which goes to qm.cluster as before: the lane
+    forwards node capacity, and a fact about a queue this config does not know (a LocalQueue
+    added since, or none: admission stops such a Job, ADR 0065). `config` is replaced when a
+    new set is applied (`qm config publish`), as admission's is."""
+
+    def __init__(self, config: KueueConfig, producer: str) -> None:
+        self.config, self.producer = config, producer
+
+    def outputs(self, envelope: Envelope) -> list[Output] | None:
+        if envelope.event_type not in ROUTED_AT_SOURCE:
+            return None
+        try:
+            return cohort_stream_outputs(envelope, self.config, self.producer) or None
+        except UnknownQueue:
+            return None

@@ -1,4 +1,4 @@
-"""Cluster facts re-keyed onto the cohort's stream (services/admission/cohort_stream.py, ADR 0023)."""
+"""Cluster facts re-keyed onto the cohort's stream (services/adapters/cohort_stream.py, ADR 0023 and 0075)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from services.adapters.cohort_stream import FactRouter, UnknownQueue, cohort_stream_outputs
 from services.adapters.kueue_config import KueueConfig
-from services.admission.cohort_stream import UnknownQueue, cohort_stream_outputs
 from services.contracts.codec import make_envelope
 from services.contracts.events import (
     NamespaceLabels,
@@ -125,3 +125,29 @@ def test_a_running_pod_of_a_job_in_no_localqueue_is_stopped(config):
         with pytest.raises(UnknownQueue) as refused:
             cohort_stream_outputs(fact, config)
         assert refused.value.stops == []
+
+
+def test_the_source_routes_a_queued_workloads_facts_as_admission_would_under_its_own_name(config):
+    # ADR 0075: the watcher sends them to the cohort's stream itself; a copy admission forwarded
+    # too (an upgrade, a config the two saw differently) has the same ids, so readers keep one
+    router = FactRouter(config, "watcher")
+    done = from_cluster(WorkloadFinished(uid="uid-1", namespace="team-a2", name="train", queue_name="lq",
+                                         succeeded=True, finished_at=AT))
+    for fact in (running(), done):
+        routed = router.outputs(fact)
+        by_admission = cohort_stream_outputs(fact, config)
+        assert [(o.topic, o.key, o.envelope.event_id) for o in routed] == [
+            (o.topic, o.key, o.envelope.event_id) for o in by_admission]
+        assert {o.envelope.producer for o in routed} == {"watcher"}
+
+
+def test_the_source_leaves_node_capacity_other_facts_and_unknown_queues_to_qm_cluster(config):
+    router = FactRouter(config, "watcher")
+    node = from_cluster(NodeCapacity(node="n1", flavor="default", allocatable={"cpu": 64000}))
+    labels = from_cluster(NamespaceLabels(namespace="team-a1", labels={}))
+    # node capacity: the replicas read it on qm.cluster; a queue this config does not know:
+    # admission forwards the fact with a newer config, or stops the Job (ADR 0065)
+    for fact in (node, labels, running(namespace="team-a1", queue="nope"), running(namespace="team-a1", queue=None)):
+        assert router.outputs(fact) is None, fact.event_type
+    router.config = KueueConfig.from_objects(config.objects)  # a newer set (qm.config) routes from then on
+    assert [o.key for o in router.outputs(running())] == ["cohort:a", "cohort:a"]
