@@ -69,12 +69,14 @@ async def test_watcher_process_publishes_and_actuates_through_kafka(cluster: Clu
         async def facts(event_type: str) -> list:
             """The Job's facts of that type: on its cohort's stream, sent there by the watcher itself
             (ADR 0075), and never on qm.cluster."""
-            on_cluster = [e for e in await events(kafka_bootstrap, topic_prefix + "qm.cluster")
-                          if e.event_type == event_type]
+            def ours(e) -> bool:  # the watcher sees the other tests' pods too
+                return e.event_type == event_type and submission.payload.uid in (
+                    getattr(e.payload, "workload_uid", None), e.payload.uid)
+
+            on_cluster = [e for e in await events(kafka_bootstrap, topic_prefix + "qm.cluster") if ours(e)]
             assert on_cluster == [], on_cluster
             return [(r.key, e) async for r, e in read_envelopes(kafka_bootstrap, topic_prefix + "qm.workloads")
-                    if not isinstance(e, Exception) and e.event_type == event_type
-                    and submission.payload.uid in (getattr(e.payload, "workload_uid", None), e.payload.uid)]
+                    if not isinstance(e, Exception) and ours(e)]
 
         async def outcome_and_running():
             trail = await events(kafka_bootstrap, topic_prefix + "qm.cluster")
