@@ -68,6 +68,19 @@ def reserved(*, uid=UID, name=NAME, ns=NS, gpus=16, second=3, cq="gpu-queue", bo
                                      reserved_at=at(second), borrowing=borrowing), second, "queue-manager")
 
 
+def expired():
+    """The 16-GPU reservation made at 3 s expires at 303 s, its pods never ready."""
+    return env(WorkloadPrefreezeExpired(uid=UID, namespace=NS, name=NAME, cluster_queue="gpu-queue", reserved_at=at(3),
+                                        expired_at=at(303), idle_s=300.0, usage={"a100-flavor": {GPU: 16000}},
+                                        expiries=1), 303, "queue-manager")
+
+
+def requeued(**fields):
+    """The expired workload requeued at 303 s, to try again at 363 s."""
+    return env(WorkloadRequeued(uid=UID, namespace=NS, name=NAME, reason="PodsReadyTimeout", requeue_at=at(363),
+                                attempt=1, backoff_s=60, cluster_queue="gpu-queue", **fields), 303, "queue-manager")
+
+
 def running(*, uid=UID, name=NAME, ns=NS, second=5):
     return env(PodRunning(uid=f"pod-{uid}", workload_uid=uid, namespace=ns, name=f"{name}-0", started_at=at(second),
                           node="node-1", workload_name=name, queue_name="team-ml"), second, "watcher")
@@ -128,33 +141,18 @@ CASES = [
                       node_selector={"gpu.nvidia.com/class": "a100"}), 3, "queue-manager")],
      Verdict.RESERVED_NOT_RUNNING, "gpu.nvidia.com/class=a100"),
     ("pre-freeze expired",
-     [submitted(), validated(), reserved(),
-      env(WorkloadPrefreezeExpired(uid=UID, namespace=NS, name=NAME, cluster_queue="gpu-queue", reserved_at=at(3),
-                                   expired_at=at(303), idle_s=300.0, usage={"a100-flavor": {GPU: 16000}}, expiries=1),
-          303, "queue-manager"),
-      env(WorkloadRequeued(uid=UID, namespace=NS, name=NAME, reason="PodsReadyTimeout", requeue_at=at(363),
-                           attempt=1, backoff_s=60, cluster_queue="gpu-queue"), 303, "queue-manager")],
+     [submitted(), validated(), reserved(), expired(), requeued()],
      Verdict.PREFREEZE_EXPIRED, "16 GPU sat idle 300 s"),
     ("pre-freeze expired, requeued by its eviction time",
-     [submitted(), validated(), reserved(),
-      env(WorkloadPrefreezeExpired(uid=UID, namespace=NS, name=NAME, cluster_queue="gpu-queue", reserved_at=at(3),
-                                   expired_at=at(303), idle_s=300.0, usage={"a100-flavor": {GPU: 16000}}, expiries=1),
-          303, "queue-manager"),
-      env(WorkloadRequeued(uid=UID, namespace=NS, name=NAME, reason="PodsReadyTimeout", requeue_at=at(363),
-                           attempt=1, backoff_s=60, cluster_queue="gpu-queue", queue_order_at=at(303)), 303,
-          "queue-manager")],
+     [submitted(), validated(), reserved(), expired(), requeued(queue_order_at=at(303))],
      Verdict.PREFREEZE_EXPIRED, "requeued behind the workloads queued before 2026-11-29T10:05:03Z (Kueue's "
                                 "requeuing by eviction time); next try at 2026-11-29T10:06:03Z"),
     # the queue-manager stops the Job of an expired reservation: that Evict is no preemption
     ("pre-freeze expired, its Job stopped",
-     [submitted(), validated(), reserved(),
-      env(WorkloadPrefreezeExpired(uid=UID, namespace=NS, name=NAME, cluster_queue="gpu-queue", reserved_at=at(3),
-                                   expired_at=at(303), idle_s=300.0, usage={"a100-flavor": {GPU: 16000}}, expiries=1),
-          303, "queue-manager"),
+     [submitted(), validated(), reserved(), expired(),
       env(ActionEvict(workload_uid=UID, namespace=NS, name=NAME, kind="Job", reason=ActionEvict.PODS_READY_TIMEOUT,
                       grace_period_s=0), 303, "queue-manager"),
-      env(WorkloadRequeued(uid=UID, namespace=NS, name=NAME, reason="PodsReadyTimeout", requeue_at=at(363),
-                           attempt=1, backoff_s=60, cluster_queue="gpu-queue"), 303, "queue-manager")],
+      requeued()],
      Verdict.PREFREEZE_EXPIRED, "Its Job was stopped, so pods that start late do not run on released quota"),
     # a Job unsuspended by hand while it waited: the queue-manager stopped it; it still waits
     ("stopped for running unadmitted",
