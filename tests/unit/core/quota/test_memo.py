@@ -10,10 +10,15 @@ from hypothesis import strategies as st
 from quota_builders import T0, make_cq, make_flavor, make_lq, make_wl
 
 from services.core.quota import build_snapshot, drain, load_objects, run_cycles
+from services.core.quota.model import PreemptionTarget
 from services.core.quota.preemption import (
     Preemptor,
     _cq_is_borrowing,
+    _minimal_preemptions,
     _own_candidates,
+    _own_queue_only,
+    _under_nominal,
+    get_targets,
     ordered_candidates,
 )
 from services.core.quota.snapshot import AdmittedWorkload
@@ -165,3 +170,70 @@ def test_a_snapshot_without_memos_keeps_nothing_and_its_copies_neither():
     copy = snap.copy()
     copy.tree_cache(root)["k"] = 1
     assert copy.tree_cache(root) == {}
+
+
+def _reference_targets(snap, preemptor, wl_req, frs, now):
+    """Kueue's getTargets over every candidate, without _own_queue_only's shortcut."""
+    cq = snap.cluster_queues[preemptor.cluster_queue]
+    candidates = _reference_candidates(snap, preemptor, cq, frs, now)
+    if not candidates:
+        return []
+    same_queue = [c for c in candidates if c.cluster_queue == cq.name]
+    policy = cq.spec.preemption
+    if len(same_queue) == len(candidates):
+        chosen = _minimal_preemptions(snap, wl_req, cq, frs, candidates, True, None)
+    elif str(policy.borrow_within_cohort) != "Never":
+        threshold = preemptor.priority
+        if policy.max_priority_threshold is not None and policy.max_priority_threshold < threshold:
+            threshold = policy.max_priority_threshold + 1
+        if not _under_nominal(cq, frs):
+            candidates = [c for c in candidates if c.cluster_queue == cq.name or c.priority < threshold]
+        chosen = _minimal_preemptions(snap, wl_req, cq, frs, candidates, True, threshold)
+    else:
+        chosen = _minimal_preemptions(snap, wl_req, cq, frs, candidates, False, None) if _under_nominal(cq, frs) else []
+        chosen = chosen or _minimal_preemptions(snap, wl_req, cq, frs, same_queue, True, None)
+    return [PreemptionTarget(wl.key, reason, wl.cluster_queue) for wl, reason in chosen]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(crowded(), st.data())
+def test_a_queue_at_its_nominal_quota_searches_its_own_workloads_only_with_the_same_victims(scenario, data):
+    """get_targets skips gathering the cohort's borrowed workloads for a ClusterQueue at or over
+    its nominal quota without borrowWithinCohort (_own_queue_only): Kueue would only preempt
+    in that queue. The victims must be exactly those of the search over every candidate."""
+    docs, _ = scenario
+    snap = build_snapshot(load_objects(("m.yaml", d) for d in docs))
+    for key in list(snap.workloads):
+        if data.draw(st.booleans()):
+            wl = snap.remove_workload(key)
+            snap.add_workload(dataclasses.replace(wl, evicted=True))
+    for cq in snap.cluster_queues.values():
+        for priority in (0, 5, 10):
+            preemptor = Preemptor("default/p", cq.name, priority, T0)
+            for flavor in FLAVORS:
+                frs = {(flavor, "nvidia.com/gpu")}
+                for need in (1000, 3000):
+                    wl_req = {(flavor, "nvidia.com/gpu"): need}
+                    want = _reference_targets(snap, preemptor, wl_req, frs, T0)
+                    assert get_targets(snap, preemptor, wl_req, frs, T0) == want
+
+
+def test_a_queue_over_its_nominal_quota_preempts_its_own_lower_priority_workload_not_a_borrower():
+    """cq a (nominal 2) holds 3 GPUs, one of them borrowed from b (nominal 2, using none):
+    a's new priority-10 workload can take only a's own priority-0 one, even under
+    reclaimWithinCohort Any; b, under its nominal quota, reclaims from the borrower a."""
+    docs = [make_flavor("f1")]
+    for name in ("a", "b"):
+        cq = make_cq(name).cohort("c").gpu("f1", 2).preemption(within="LowerPriority", reclaim="Any")
+        docs += [cq.obj(), make_lq(name, name)]
+    docs.append(make_wl("low").queue("a").priority(0).gpu(1).admitted("a", "f1", at=1).obj())
+    docs.append(make_wl("mid").queue("a").priority(5).gpu(2).admitted("a", "f1", at=2).obj())
+    snap = build_snapshot(load_objects(("m.yaml", d) for d in docs))
+    frs = {("f1", "nvidia.com/gpu")}
+    need = {("f1", "nvidia.com/gpu"): 1000}
+    assert _own_queue_only(snap, snap.cluster_queues["a"], frs)
+    assert [t.workload for t in get_targets(snap, Preemptor("default/p", "a", 10, T0), need, frs, T0)] == ["default/low"]
+    assert not _own_queue_only(snap, snap.cluster_queues["b"], frs)
+    two = {("f1", "nvidia.com/gpu"): 2000}  # one GPU is free: one more from the borrower
+    taken = get_targets(snap, Preemptor("default/q", "b", 0, T0), two, frs, T0)
+    assert [(t.workload, t.cluster_queue) for t in taken] == [("default/low", "a")]
