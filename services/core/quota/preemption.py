@@ -107,17 +107,20 @@ def _ranked_reclaim_candidates(
 
 
 def ordered_candidates(
-    snapshot: Snapshot, preemptor: Preemptor, cq: ClusterQueueState, frs: set[FlavorResource], now: float
+    snapshot: Snapshot, preemptor: Preemptor, cq: ClusterQueueState, frs: set[FlavorResource], now: float,
+    cohort: bool = True,
 ) -> list[AdmittedWorkload]:
     """Every candidate victim, in Kueue's preemption order: workloads already evicted first,
     then other ClusterQueues' before the preemptor's own, then lower priority, then the most
     recently admitted, then by uid. Built by merging lists that are each already in
-    :func:`_rank` order (tests/unit/core/quota/test_memo.py checks it against one sort)."""
+    :func:`_rank` order (tests/unit/core/quota/test_memo.py checks it against one sort).
+    `cohort=False`: the preemptor's own ClusterQueue's only (``_own_queue_only``)."""
     name = cq.name
     own = _own_candidates(preemptor, cq, frs)
     if len(own) > 1:
         own.sort(key=_rank(now))
-    reclaim = cq.node.parent is not None and cq.spec.preemption.reclaim_within_cohort is not PreemptionPolicy.NEVER
+    reclaim = cohort and cq.node.parent is not None \
+        and cq.spec.preemption.reclaim_within_cohort is not PreemptionPolicy.NEVER
     others = (
         [c for c in _ranked_reclaim_candidates(snapshot, preemptor, cq, frs, now) if c.cluster_queue != name]
         if reclaim
@@ -363,16 +366,8 @@ def get_targets(
     The snapshot is used for simulation and restored before returning.
     """
     cq = snapshot.cluster_queues[preemptor.cluster_queue]
-    if _own_queue_only(snapshot, cq, frs):
-        own = _own_candidates(preemptor, cq, frs)
-        if preemptor.may_preempt is not None:
-            own = [c for c in own if preemptor.may_preempt(c)]
-        if not own:
-            return []
-        own.sort(key=_rank(now))
-        chosen = _minimal_preemptions(snapshot, wl_req, cq, frs, own, True, None)
-        return [PreemptionTarget(wl.key, reason, wl.cluster_queue) for wl, reason in chosen]
-    candidates = ordered_candidates(snapshot, preemptor, cq, frs, now)
+    # own candidates only: the search below then takes Kueue's last attempt, within the queue
+    candidates = ordered_candidates(snapshot, preemptor, cq, frs, now, cohort=not _own_queue_only(snapshot, cq, frs))
     if not candidates:
         return []
     same_queue = [c for c in candidates if c.cluster_queue == cq.name]

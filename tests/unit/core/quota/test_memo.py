@@ -138,26 +138,36 @@ def _reference_candidates(snap, preemptor, cq, frs, now):
     return sorted(cands, key=_order_key(cq.name, now))
 
 
+def _snapshot_some_evicted(scenario, data):
+    """The scenario's snapshot, with some admitted workloads being evicted already."""
+    docs, _ = scenario
+    snap = build_snapshot(load_objects(("m.yaml", d) for d in docs))
+    for key in list(snap.workloads):
+        if data.draw(st.booleans()):
+            wl = snap.remove_workload(key)
+            snap.add_workload(dataclasses.replace(wl, evicted=True))
+    return snap
+
+
+def _searches(snap):
+    """(ClusterQueue, preemptor, flavor, flavor-resources) for every queue, priority and flavor."""
+    for cq in snap.cluster_queues.values():
+        for priority in (0, 5, 10):
+            preemptor = Preemptor("default/p", cq.name, priority, T0)
+            for flavor in FLAVORS:
+                yield cq, preemptor, flavor, {(flavor, "nvidia.com/gpu")}
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(crowded(), st.data())
 def test_ordered_candidates_are_the_candidates_sorted_in_kueues_order(scenario, data):
     """ordered_candidates merges lists sorted once per tree state; it must give exactly the
     order of one sort by _order_key (evicted first, other queues first, priority, newest)."""
-    docs, _ = scenario
-    objects = load_objects(("m.yaml", d) for d in docs)
-    snap = build_snapshot(objects)
-    for key in list(snap.workloads):  # some admitted workloads are being evicted already
-        if data.draw(st.booleans()):
-            wl = snap.remove_workload(key)
-            snap.add_workload(dataclasses.replace(wl, evicted=True))
-    for cq in snap.cluster_queues.values():
-        for priority in (0, 5, 10):
-            preemptor = Preemptor("default/p", cq.name, priority, T0)
-            for flavor in FLAVORS:
-                frs = {(flavor, "nvidia.com/gpu")}
-                want = _reference_candidates(snap, preemptor, cq, frs, T0)
-                assert ordered_candidates(snap, preemptor, cq, frs, T0) == want
-                assert ordered_candidates(snap, preemptor, cq, frs, T0) == want  # memoised: the same
+    snap = _snapshot_some_evicted(scenario, data)
+    for cq, preemptor, _flavor, frs in _searches(snap):
+        want = _reference_candidates(snap, preemptor, cq, frs, T0)
+        assert ordered_candidates(snap, preemptor, cq, frs, T0) == want
+        assert ordered_candidates(snap, preemptor, cq, frs, T0) == want  # memoised: the same
 
 
 def test_a_snapshot_without_memos_keeps_nothing_and_its_copies_neither():
@@ -201,21 +211,12 @@ def test_a_queue_at_its_nominal_quota_searches_its_own_workloads_only_with_the_s
     """get_targets skips gathering the cohort's borrowed workloads for a ClusterQueue at or over
     its nominal quota without borrowWithinCohort (_own_queue_only): Kueue would only preempt
     in that queue. The victims must be exactly those of the search over every candidate."""
-    docs, _ = scenario
-    snap = build_snapshot(load_objects(("m.yaml", d) for d in docs))
-    for key in list(snap.workloads):
-        if data.draw(st.booleans()):
-            wl = snap.remove_workload(key)
-            snap.add_workload(dataclasses.replace(wl, evicted=True))
-    for cq in snap.cluster_queues.values():
-        for priority in (0, 5, 10):
-            preemptor = Preemptor("default/p", cq.name, priority, T0)
-            for flavor in FLAVORS:
-                frs = {(flavor, "nvidia.com/gpu")}
-                for need in (1000, 3000):
-                    wl_req = {(flavor, "nvidia.com/gpu"): need}
-                    want = _reference_targets(snap, preemptor, wl_req, frs, T0)
-                    assert get_targets(snap, preemptor, wl_req, frs, T0) == want
+    snap = _snapshot_some_evicted(scenario, data)
+    for _cq, preemptor, flavor, frs in _searches(snap):
+        for need in (1000, 3000):
+            wl_req = {(flavor, "nvidia.com/gpu"): need}
+            want = _reference_targets(snap, preemptor, wl_req, frs, T0)
+            assert get_targets(snap, preemptor, wl_req, frs, T0) == want
 
 
 def test_a_queue_over_its_nominal_quota_preempts_its_own_lower_priority_workload_not_a_borrower():
