@@ -23,8 +23,8 @@ Nothing here mutates the snapshot passed in: results carry a new snapshot.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
 from operator import attrgetter
 
 from services.core.quota.fairsharing import dominant_resource_share
@@ -68,6 +68,10 @@ class CycleResult:
     decisions: tuple[Decision, ...]
     snapshot: Snapshot
     cycles: int = 1
+    # (drain's `watch`) the cycle in which each watched workload was first decided, and the
+    # last cycle that admitted a workload or issued a preemption (0: none)
+    watched_at: Mapping[str, int] = field(default_factory=dict)
+    last_taking_cycle: int = 0
 
     def by_workload(self) -> dict[str, Decision]:
         return {d.workload: d for d in self.decisions}
@@ -125,6 +129,13 @@ def _selects_every_namespace(cq: ClusterQueueState) -> bool | None:
     if not selector.match_labels and not selector.match_expressions:
         return True
     return None
+
+
+def nomination_reads_only_kind(cq: ClusterQueueState) -> bool:
+    """Whether every waiting workload of this queue with the same priority and pod sets is
+    nominated alike on the same tree: the queue's namespace selector does not depend on the
+    namespace, and its preemption policy does not read the queue time (`_nomination_key`)."""
+    return _selects_every_namespace(cq) is not None and not _queued_at_counts(cq)
 
 
 def _queued_at_counts(cq: ClusterQueueState) -> bool:
@@ -429,10 +440,14 @@ def _reserve(e: _Entry) -> list[tuple[tuple[str, str], int]]:
 
 class _Scheduler:
     def __init__(self, snapshot: Snapshot, pending: Iterable[Workload], now: float, in_place: bool = False,
-                 fast_forward: bool = True) -> None:
+                 fast_forward: bool = True, watch: Collection[str] = ()) -> None:
         self.snap = snapshot if in_place else snapshot.copy()
         self.now = now
         self.fast_forward = fast_forward
+        self.cycle_no = 0  # the cycle running (skipped cycles count, as in drain's `ran`)
+        self.watch = watch
+        self.watched_at: dict[str, int] = {}
+        self.last_taking_cycle = 0
         # (drain) the last cycle's heads when nominations alone set every one aside: per entry
         # the reason and message it was set aside with (skip_repeats)
         self.repeats: list[tuple[_Entry, Reason, str]] | None = None
@@ -515,6 +530,7 @@ class _Scheduler:
 
     def cycle(self, drain: bool) -> tuple[bool, list[PreemptionTarget]]:
         """Run one cycle. Returns (progress, victims issued)."""
+        self.cycle_no += 1
         snap = self.snap
         now = self.now
         shape_pod_sets = self.shape_pod_sets
@@ -647,6 +663,9 @@ class _Scheduler:
                 issued.extend(e.targets)
                 self.preempted_for[wl.key] = self.preempted_for.get(wl.key, ()) + tuple(e.targets)
                 progress = True
+                self.last_taking_cycle = self.cycle_no
+                if self.watch:
+                    self._note_watched(wl.key)
                 if drain:
                     self.done.add(wl.key)
                     self.queues.lanes[cq.name].preempting = True
@@ -676,6 +695,9 @@ class _Scheduler:
             )
             self.done.add(wl.key)
             progress = True
+            self.last_taking_cycle = self.cycle_no
+            if self.watch:
+                self._note_watched(wl.key)
         for node, fr, value in reversed(temporary):
             remove_usage(node, fr, value)
         for victim in reversed(victims_out):
@@ -701,8 +723,14 @@ class _Scheduler:
             self.snap.remove_workload(victim.key)
         return reserved
 
+    def _note_watched(self, key: str) -> None:
+        if key in self.watch and key not in self.watched_at:
+            self.watched_at[key] = self.cycle_no
+
     def _pending(self, e: _Entry, reason: Reason, message: str) -> None:
         key = e.wl.key
+        if self.watch:
+            self._note_watched(key)
         said = self.decisions.get(key)
         if said is not None and said.reason is reason and said.message == message and said.status is WorkloadStatus.PENDING:
             return  # a head that waits for the same reason again (drain cycles: hundreds of times)
@@ -768,6 +796,9 @@ class _Scheduler:
                 decisions[wl.key] = Decision(wl.key, WorkloadStatus.PENDING, cq_name, reason, message,
                                              NO_ENTRIES, NO_ENTRIES)
                 inadmissible.add(wl.key)
+                if self.watch:  # as of the cycle just run: nothing is taken in the skipped ones
+                    self._note_watched(wl.key)
+        self.cycle_no += cycles
         return cycles
 
     def evict(self, victims: list[PreemptionTarget]) -> None:
@@ -798,7 +829,7 @@ class _Scheduler:
                     NO_ENTRIES,
                 )
             out.append(d)
-        return CycleResult(tuple(out), self.snap, cycles)
+        return CycleResult(tuple(out), self.snap, cycles, self.watched_at, self.last_taking_cycle)
 
 
 def schedule_cycle(snapshot: Snapshot, pending: Iterable[Workload], now: float) -> CycleResult:
@@ -820,7 +851,7 @@ def run_cycles(snapshot: Snapshot, pending: Iterable[Workload], now: float, cycl
 
 def drain(
     snapshot: Snapshot, pending: Iterable[Workload], now: float, max_cycles: int | None = None,
-    *, in_place: bool = False, fast_forward: bool = True,
+    *, in_place: bool = False, fast_forward: bool = True, watch: Collection[str] = (),
 ) -> CycleResult:
     """Cycles until nothing changes: everything that fits is admitted in one pass.
 
@@ -836,8 +867,12 @@ def drain(
 
     `fast_forward`: skip the cycles that would only repeat the last one (`skip_repeats`); off,
     every cycle is run (the tests compare the two).
+
+    `watch`: workload keys whose first decision's cycle the result reports (`watched_at`,
+    with `last_taking_cycle`): a caller that gave each queue only the first few workloads of a
+    deep run learns whether the pass got past them while it still took quota (ADR 0077).
     """
-    sched = _Scheduler(snapshot, pending, now, in_place, fast_forward)
+    sched = _Scheduler(snapshot, pending, now, in_place, fast_forward, watch)
     ran = 0
     while max_cycles is None or ran < max_cycles:
         ran += 1
