@@ -19,8 +19,8 @@ the recorded ones, only the same for every version that decides the same. The ru
 seconds per phase, and a digest of every output's event type and event id: two versions whose
 digests differ decide differently, and the comparison is void. `digest_without_pending` leaves
 out the Pending messages, which say why a workload waits and change nothing else: two versions
-that differ only in which waiting workloads they speak for have the same one (docs/benchmarks.md,
-"Feeding a drain fewer of each kind").
+that differ only in which waiting workloads they speak for have the same one (ADR 0077;
+docs/benchmarks.md, "Each kind's share of the room").
 
 This machine's speed moves by a third within minutes, so compare instruction counts, which do
 not move (valgrind; the VM has no hardware counters), one tree at a time, and subtract a run

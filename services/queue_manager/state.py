@@ -648,10 +648,11 @@ def _pending_view(w: dict) -> tuple[dict, CoreWorkload, tuple, tuple, tuple]:
                    _pairs(ps, "node_selector"), _pairs(ps, "refused_flavors"),
                    node_affinity_of(ps.get("node_affinity")), tolerations_of(ps.get("tolerations")))
                   for ps in w["pod_sets"])
-    # the core's queue order within a kind (time, then namespace/name): a kind's first few in
-    # this order are the first few its queue holds in the drain (ADR 0077)
-    order = (epoch_of(_queue_order_at(w)), f"{w['namespace']}/{w['name']}", w["uid"])
-    memo = (w, _convert_pending(w), (w["cluster_queue"], w["priority"], shape), order, (-w["priority"], *order))
+    core = _convert_pending(w)
+    # the core's own queue order within a kind (queue time, namespace/name), then uid: a kind's
+    # first few in this order are the first few its queue holds in the drain (ADR 0077)
+    order = (*core.queue_order[1:], w["uid"])
+    memo = (w, core, (w["cluster_queue"], w["priority"], shape), order, (-w["priority"], *order))
     _CORE_WORKLOADS[w["uid"]] = memo
     return memo
 
@@ -1031,7 +1032,7 @@ def _worth_judging(snapshot: Any, pending_index: _PendingIndex, pending: dict, n
                     ends.add(last)
                     break
                 kept.append(w)
-                last = f"{w['namespace']}/{w['name']}"  # the core's key
+                last = _pending_view(w)[1].key  # the name the drain knows it by
                 room -= 1
                 if room == 0 and not capped:
                     break
