@@ -21,6 +21,8 @@ workloads run last, in a burst, and the queue-manager's hop grows from ~40 ms to
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from typing import Any
 
 import orjson
@@ -31,6 +33,8 @@ from services.adapters.bus import read_topic
 FINISHED = b"workload.finished.v1"
 RELEASED = b"workload.released.v1"
 RESERVED = b"workload.quota_reserved.v1"
+POD_RUNNING = b"pod.running.v1"
+DRAIN_DUE = b"queue.drain_due.v1"
 
 
 def _uid(value: bytes) -> str | None:
@@ -98,13 +102,88 @@ def finish_hops(cluster: list[tuple[float, bytes]], workloads: list[tuple[float,
     }
 
 
+def quota_cycle(workloads: list[tuple[float, bytes]], window_s: float = 5.0) -> list[dict[str, Any]]:
+    """Where a quota's turn goes between two reservations, per phase of the run (the finishes of
+    each `window_s`), from the cohort's stream alone (`workloads`: (timestamp s, value) of every
+    record of qm.workloads). For each run that finished, from the reservation it ran on:
+
+    * `to_running`: reservation → its pod's `pod.running` on the cohort's stream (the admit
+      action's trip to the cluster, the start, and the fact's trip back);
+    * `running`: that → its `workload.finished` (the run itself, plus the cluster's reporting);
+    * `to_release`: the finish → the queue-manager's release;
+    * `to_reuse`: the release → the next reservation in the same cohort (how long freed quota
+      waited for a drain);
+    * `drain_every`: between two `queue.drain_due` of one cohort (ADR 0016): how often a busy
+      cohort drains.
+
+    The sum of the first four is one turn of a quota that is always wanted again."""
+    running_at: dict[str, list[float]] = {}
+    reserved: dict[str, list[float]] = {}
+    reservations_of: dict[str, list[float]] = {}  # cohort -> every reservation's time
+    finished_at: dict[str, float] = {}
+    released: dict[str, tuple[float, str]] = {}
+    dues: dict[str, list[float]] = {}
+    for t, value in ((t, one) for t, record in workloads for one in envelope_values(record)):
+        if not any(m in value for m in (RESERVED, POD_RUNNING, FINISHED, RELEASED, DRAIN_DUE)):
+            continue
+        try:
+            document = orjson.loads(value)
+            event_type, payload = document["event_type"], document["payload"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            continue
+        if event_type == "workload.quota_reserved.v1":
+            reserved.setdefault(payload["uid"], []).append(t)
+            reservations_of.setdefault(payload.get("cohort") or payload["cluster_queue"], []).append(t)
+        elif event_type == "pod.running.v1":
+            running_at.setdefault(payload["workload_uid"], []).append(t)
+        elif event_type == "workload.finished.v1":
+            finished_at.setdefault(payload["uid"], t)
+        elif event_type == "workload.released.v1" and payload.get("reason") == "Finished":
+            released.setdefault(payload["uid"], (t, payload.get("cohort") or payload["cluster_queue"]))
+        elif event_type == "queue.drain_due.v1":
+            dues.setdefault(payload["cohort"], []).append(t)
+    if not finished_at:
+        return []
+    start = min(finished_at.values())
+    legs = ("to_running", "running", "to_release", "to_reuse", "drain_every")
+    phases: dict[int, dict[str, list[float]]] = {}
+    for times in reservations_of.values():
+        times.sort()
+    for uid, finished in finished_at.items():
+        phase = phases.setdefault(int((finished - start) // window_s), {leg: [] for leg in legs})
+        ran_on = max((t for t in reserved.get(uid, ()) if t <= finished), default=None)
+        began = min((t for t in running_at.get(uid, ()) if ran_on is not None and ran_on <= t <= finished),
+                    default=None)
+        if began is not None:
+            phase["to_running"].append(began - ran_on)
+            phase["running"].append(finished - began)
+        if uid in released:
+            freed, cohort = released[uid]
+            phase["to_release"].append(freed - finished)
+            later = reservations_of.get(cohort, [])
+            index = bisect.bisect_left(later, freed)
+            if index < len(later):
+                phase["to_reuse"].append(later[index] - freed)
+    for times in dues.values():
+        times.sort()
+        for before, after in itertools.pairwise(times):
+            if (k := int((after - start) // window_s)) in phases:
+                phases[k]["drain_every"].append(after - before)
+    return [{"finished_from_s": k * window_s, **{leg: _stats(values) for leg, values in phase.items()}}
+            for k, phase in sorted(phases.items())]
+
+
 async def read_finish_hops(bootstrap: str, prefix: str, window_s: float = 5.0) -> dict[str, Any]:
-    """finish_hops over what the topics hold now (read before they are deleted)."""
+    """finish_hops over what the topics hold now (read before they are deleted), with the
+    quota's whole turn (`quota_cycle`)."""
     async def timed(topic: str, *markers: bytes) -> list[tuple[float, bytes]]:
         return [(r.timestamp_ms / 1000, r.value) async for r in read_topic(bootstrap, prefix + topic)
                 if any(m in r.value for m in markers)]
-    return finish_hops(await timed("qm.cluster", FINISHED), await timed("qm.workloads", FINISHED, RELEASED, RESERVED),
-                       window_s)
+    workloads = await timed("qm.workloads", FINISHED, RELEASED, RESERVED, POD_RUNNING, DRAIN_DUE)
+    hops = finish_hops(await timed("qm.cluster", FINISHED), workloads, window_s)
+    if hops:
+        hops["quota_cycle"] = quota_cycle(workloads, window_s)
+    return hops
 
 
 def slowest_release(hops: dict[str, Any]) -> dict[str, Any]:
@@ -123,7 +202,7 @@ def hops_line(hops: dict[str, Any]) -> str:
     return (f"finish hops (p50 / p90): {forwarding}, the queue-manager "
             f"releases in {r['p50_ms']} / {r['p90_ms']} ms; slowest release in the finishes from "
             f"{worst['finished_from_s']:g} s: {worst['released']['p50_ms']} / {worst['released']['p90_ms']} ms"
-            + _held_part(hops, worst))
+            + _held_part(hops, worst) + _cycle_part(hops, worst))
 
 
 def _held_part(hops: dict[str, Any], worst: dict[str, Any]) -> str:
@@ -133,3 +212,16 @@ def _held_part(hops: dict[str, Any], worst: dict[str, Any]) -> str:
         return ""
     return (f"; quota held from reservation to release {held['p50_ms']} / {held['p90_ms']} ms "
             f"({there['p50_ms']} / {there['p90_ms']} ms in that phase)")
+
+
+def _cycle_part(hops: dict[str, Any], worst: dict[str, Any]) -> str:
+    """A quota's turn in the phase of the slowest release (absent from older results)."""
+    there = next((p for p in hops.get("quota_cycle", ()) if p["finished_from_s"] == worst["finished_from_s"]), None)
+    if there is None or not there["to_reuse"]["n"]:
+        return ""
+    legs = [("reserved → running", "to_running"), ("running → finished", "running"),
+            ("finished → released", "to_release"), ("released → reserved again", "to_reuse")]
+    turn = ", ".join(f"{label} {there[key]['p50_ms']}" for label, key in legs if there[key]["n"])
+    drains = there["drain_every"]
+    return (f"; a quota's turn there (p50 ms): {turn}"
+            + (f"; each busy cohort drained every {drains['p50_ms']} ms" if drains["n"] else ""))

@@ -9,7 +9,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from hops import finish_hops, hops_line  # noqa: E402
+from hops import finish_hops, hops_line, quota_cycle  # noqa: E402
 
 
 def record(event_type: str, uid: str, **payload) -> bytes:
@@ -64,3 +64,52 @@ def test_a_finish_sent_to_the_cohorts_stream_by_its_source_has_no_forwarding_hop
     assert hops["released_by_queue_manager"] == {"n": 1, "p50_ms": 200, "p90_ms": 200}
     assert hops["quota_held"] == {"n": 1, "p50_ms": 700, "p90_ms": 700}
     assert "each finish sent to its cohort's stream by the cluster itself" in hops_line(hops)
+
+
+def envelope(event_type: str, **payload) -> bytes:
+    return orjson.dumps({"event_type": event_type, "payload": payload})
+
+
+def test_a_quotas_turn_is_split_into_its_legs_per_phase():
+    workloads = [
+        (99.0, envelope("workload.quota_reserved.v1", uid="a", cohort="c", cluster_queue="q")),  # preempted
+        (99.5, envelope("workload.quota_reserved.v1", uid="a", cohort="c", cluster_queue="q")),
+        (99.4, envelope("pod.running.v1", uid="pod-a0", workload_uid="a")),  # the preempted run's pod
+        (99.52, envelope("pod.running.v1", uid="pod-a1", workload_uid="a")),
+        (99.75, envelope("queue.drain_due.v1", cohort="c")),
+        (99.85, envelope("queue.drain_due.v1", cohort="c")),  # intervals count from the first finish
+        (99.72, envelope("workload.finished.v1", uid="a")),
+        (99.8, envelope("workload.released.v1", uid="a", reason="Finished", cohort="c", cluster_queue="q")),
+        (99.83, envelope("workload.quota_reserved.v1", uid="b", cohort="other", cluster_queue="q2")),  # not its cohort
+        (99.85, envelope("workload.quota_reserved.v1", uid="b2", cohort="c", cluster_queue="q")),
+        # a bundle (ADR 0034): one record, two envelopes
+        (105.0, b"[" + envelope("workload.quota_reserved.v1", uid="d", cohort="c", cluster_queue="q") + b","
+         + envelope("pod.running.v1", uid="pod-d", workload_uid="d") + b"]"),
+        (105.25, envelope("workload.finished.v1", uid="d")),
+        (105.3, envelope("workload.released.v1", uid="d", reason="Finished", cohort="c", cluster_queue="q")),
+    ]
+    phases = quota_cycle(workloads, window_s=5.0)
+    assert [p["finished_from_s"] for p in phases] == [0.0, 5.0]
+    first, second = phases
+    assert first["to_running"] == {"n": 1, "p50_ms": 20, "p90_ms": 20}  # 99.5 -> 99.52, not the older pod
+    assert first["running"] == {"n": 1, "p50_ms": 200, "p90_ms": 200}
+    assert first["to_release"] == {"n": 1, "p50_ms": 80, "p90_ms": 80}
+    assert first["to_reuse"] == {"n": 1, "p50_ms": 50, "p90_ms": 50}  # b2 in its cohort, not b
+    assert first["drain_every"] == {"n": 1, "p50_ms": 100, "p90_ms": 100}
+    assert second["to_running"]["p50_ms"] == 0 and second["running"]["p50_ms"] == 250
+    assert second["to_reuse"]["n"] == 0  # nothing reserved after it
+
+
+def test_a_runs_line_shows_the_quotas_turn_where_the_release_was_slowest():
+    workloads = [
+        (99.5, record("workload.quota_reserved.v1", "a", cohort="c", cluster_queue="q")),
+        (99.52, envelope("pod.running.v1", uid="pod-a", workload_uid="a")),
+        (99.72, record("workload.finished.v1", "a")),
+        (99.8, record("workload.released.v1", "a", reason="Finished", cohort="c", cluster_queue="q")),
+        (99.85, record("workload.quota_reserved.v1", "b", cohort="c", cluster_queue="q")),
+    ]
+    hops = finish_hops([], workloads)
+    hops["quota_cycle"] = quota_cycle(workloads)
+    assert ("a quota's turn there (p50 ms): reserved → running 20, running → finished 200, "
+            "finished → released 80, released → reserved again 50") in hops_line(hops)
+    assert quota_cycle([]) == []
