@@ -107,7 +107,19 @@ def figures(report: dict) -> dict:
         "simulator_s": report.get("simulator_s"),  # the replay: the trace played; the rest is the tail
         "ledger": _ledger(report.get("ledger")),
         "last_phase_cpu": _last_phase_cpu(report.get("phase_cpu") or {}),
+        "last_phase_qm_loop": _last_phase_qm_loop(report.get("phase_loops") or {}),
     }
+
+
+def _last_phase_qm_loop(phases: dict) -> str:
+    """How busy the queue-manager's busiest agent was in the class window that ends last, with
+    the share it waited for the broker's acks (bench_kueue's phase_loops; a run from before
+    they were measured has none)."""
+    if not phases:
+        return "—"
+    _, p = max(phases.items(), key=lambda kv: kv[1]["to_s"])
+    loop = p["loops"].get("queue-manager")
+    return "—" if loop is None else f"{loop['busy_pct']:.0f}% ({loop.get('acks_pct', 0):.0f}%)"
 
 
 def _last_phase_cpu(phases: dict) -> str:
@@ -143,6 +155,7 @@ def table(rows: list[tuple[str, int, dict]]) -> None:
     header = ["side", "rep", "calibration s", "broker JIT s", "wall s", "services' CPU s", *(f"CPU {p}" for p in processes),
               "evictions", "min usage %", *(f"{c} → admitted s" for c in classes),
               "finish → release p50 ms (all / slowest phase)", "last phase: CPU ms per finish (cores busy)",
+              "last phase: queue-manager loop busy (acks)",
               *(("simulator done s", "ledger") if replay else ())]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
@@ -151,6 +164,7 @@ def table(rows: list[tuple[str, int, dict]]) -> None:
         cells = [label, rep, f.get("calibration_s") or "—", _or_dash(f.get("broker_jit_cpu_s")), wall, f["services_cpu_s"],
                  *(f["cpu_s"].get(p, "—") for p in processes), _or_dash(f["evictions"]), _or_dash(f["usage_min_pct"]),
                  *(_round(f["time_to_admission_s"].get(c)) for c in classes), f["release_ms"], f["last_phase_cpu"],
+                 f.get("last_phase_qm_loop", "—"),
                  *((_round(f.get("simulator_s")), f.get("ledger", "—")) if replay else ())]
         print("| " + " | ".join(map(str, cells)) + " |")
 

@@ -268,6 +268,7 @@ async def run(scenario: KueueScenario, args: argparse.Namespace) -> dict:
         "evicted_runs": evicted,
         "finishing_windows": finishing,
         "phase_cpu": phase_cpu(stack.cpu_timeline, timeline_offset_s, runner.intervals, finishing),
+        "phase_loops": phase_loops(stack.loop_timeline, timeline_offset_s, finishing),
         "packing_timeline": packing,
         "usage_min_pct": round(100 * min(usage.values()), 1),
         "usage_mean_pct": round(100 * sum(usage.values()) / len(usage), 1),
@@ -361,6 +362,54 @@ def phase_cpu(timeline: list[dict[str, float]], offset_s: float | None, interval
                      "cores_busy": round(sum(cpu_s.values()) / (hi - lo), 2),
                      "cpu_ms_per_finish": {**per, "all": round(1000 * sum(cpu_s.values()) / finished, 3)}}
     return out
+
+
+def phase_loops(timeline: list[dict], offset_s: float | None, windows: dict[str, dict[str, float]]) -> dict[str, dict]:
+    """Per class, over its p5 → p95 finishing window: for each process, its busiest agent's
+    share of the wall time spent in batches (qm_batch_seconds), and of it handling, awaiting the
+    broker's acks, and committing. An agent applies one batch at a time: near 100% busy, a record
+    waits for the batch under way and then its own (stop 62: the queue-manager's qm.workloads
+    agent, 90–93% in kueue-baseline's smalls window). `timeline` is loop_timeline (cumulative
+    sums per process, agent and step, at `at_s` from the services' start)."""
+    if offset_s is None or len(timeline) < 2:
+        return {}
+    out: dict[str, dict] = {}
+    for name, window in windows.items():
+        lo, hi = window["p5_s"] - offset_s, window["p95_s"] - offset_s
+        if hi - lo < 1.0:  # shorter than a sample: nothing to say
+            continue
+        first = max((t for t in timeline if t["at_s"] <= lo), key=lambda t: t["at_s"], default=None)
+        last = min((t for t in timeline if t["at_s"] >= hi), key=lambda t: t["at_s"], default=None)
+        if first is None or last is None or last["at_s"] - first["at_s"] < 1.0:
+            continue
+        span = last["at_s"] - first["at_s"]
+        loops: dict[str, dict] = {}
+        for process, agents in last.items():
+            if process == "at_s":
+                continue
+            shares = []
+            for topic, steps in agents.items():
+                was = first.get(process, {}).get(topic, {})
+                spent = {step: max(0.0, seconds - was.get(step, 0.0)) / span for step, seconds in steps.items()}
+                shares.append((sum(spent.values()), topic, spent))
+            busy, topic, spent = max(shares)
+            loops[process] = {"agent": topic, "busy_pct": round(100 * busy, 1),
+                              **{f"{step}_pct": round(100 * share, 1) for step, share in sorted(spent.items())}}
+        if loops:
+            out[name] = {"from_s": window["p5_s"], "to_s": window["p95_s"],
+                         "loops": dict(sorted(loops.items(), key=lambda kv: -kv[1]["busy_pct"]))}
+    return out
+
+
+def phase_loops_line(phases: dict[str, dict]) -> str:
+    """One line per class: how busy each service's busiest agent was in that class's window."""
+    lines = []
+    for name, p in phases.items():
+        parts = ", ".join(
+            f"{process} ({loop['agent']}) {loop['busy_pct']:.0f}% (acks {loop.get('acks_pct', 0):.0f}%)"
+            for process, loop in p["loops"].items())
+        lines.append(f"batch loops busy in the {name} window ({p['from_s']}–{p['to_s']} s): {parts}")
+    return "\n".join(lines)
 
 
 def cpu_bound_wall(phases: dict[str, dict], windows: dict[str, dict[str, float]], workloads: dict[str, int],
@@ -474,6 +523,8 @@ async def main_async(args: argparse.Namespace) -> int:
             for i in range(0, len(result["packing_timeline"]), 5)))
         if result.get("phase_cpu"):
             print(phase_cpu_line(result["phase_cpu"]))
+        if result.get("phase_loops"):
+            print(phase_loops_line(result["phase_loops"]))
         if bound := result.get("cpu_bound_wall"):
             print(f"the wall if the {bound['class']} phase is bound by the CPU: {bound['p5_s']} s (its p5 finish) + "
                   f"{bound['workloads']:,} x {bound['cpu_ms_each']:.2f} ms / {bound['cpus']} cores = {bound['wall_s']} s "

@@ -22,6 +22,8 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
+import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -262,6 +264,9 @@ class BenchStack:
     # every second from the services' start: each process's CPU in that second, % of one core
     cpu_timeline: list[dict[str, float]] = field(default_factory=list)
     timeline_since: float | None = None  # time.monotonic() at cpu_timeline's 0 s
+    # every second, at the same at_s: each process's agents' qm_batch_seconds sums so far
+    # ({topic: {step: s}}), how busy each agent's one-batch-at-a-time loop was
+    loop_timeline: list[dict[str, Any]] = field(default_factory=list)
     _sampler: asyncio.Task[None] | None = field(default=None, init=False, repr=False)  # fills cpu_timeline
 
     def __post_init__(self) -> None:
@@ -315,7 +320,20 @@ class BenchStack:
                 if used is not None and before.get(label) is not None:
                     sample[label] = round(100 * (used - before[label]) / (at - last))
             self.cpu_timeline.append(sample)
+            if self.stack is not None:
+                loops = await asyncio.to_thread(self._batch_seconds_now)
+                self.loop_timeline.append({"at_s": sample["at_s"], **loops})
             before, last = now, at
+
+    def _batch_seconds_now(self) -> dict[str, dict[str, dict[str, float]]]:
+        """Every process's qm_batch_seconds sums, read from its /metrics."""
+        assert self.stack is not None
+        out = {}
+        for name, _ in self.stack.instances():
+            sums = batch_seconds_of(self.stack.port(name))
+            if sums:
+                out[name] = sums
+        return out
 
     def pids(self) -> dict[str, int]:
         return {name: p.pid for name, p in (self.stack.processes.items() if self.stack else ())}
@@ -594,6 +612,31 @@ def stop_on_signals() -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, task.cancel)
+
+
+_BATCH_SUM = re.compile(r'^qm_batch_seconds_sum\{(?=[^}]*topic="([^"]*)")(?=[^}]*step="([^"]*)")[^}]*\} (\S+)$',
+                        re.MULTILINE)
+
+
+def batch_seconds_of(port: int) -> dict[str, dict[str, float]]:
+    """A service's qm_batch_seconds sums ({topic: {step: seconds}}) from its /metrics, {} if it
+    does not answer. It asks for this series alone (`name[]`): a queue-manager with a thousand
+    ClusterQueues would otherwise render all of theirs every second, on the CPU the benchmark
+    measures."""
+    try:
+        query = urllib.parse.urlencode({"name[]": "qm_batch_seconds_sum"})
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics?{query}", timeout=1) as response:
+            return batch_seconds_in(response.read().decode())
+    except (OSError, ValueError):
+        return {}
+
+
+def batch_seconds_in(text: str) -> dict[str, dict[str, float]]:
+    """The qm_batch_seconds sums of a Prometheus text exposition, {topic: {step: seconds}}."""
+    out: dict[str, dict[str, float]] = {}
+    for topic, step, value in _BATCH_SUM.findall(text):
+        out.setdefault(topic, {})[step] = float(value)
+    return out
 
 
 def envelope_values(value: bytes) -> list[bytes]:

@@ -28,7 +28,7 @@ from faust.transport.consumer import ack_lock
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread as _KafkaConsumerThread
 from faust.transport.drivers.aiokafka import Consumer as _KafkaConsumer
 from faust.transport.drivers.aiokafka import ensure_aiokafka_TP
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Info, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, Info, generate_latest
 
 from services.adapters import (
     logs,
@@ -78,6 +78,15 @@ APPLIED_RECORD_AGE = Gauge(
     "How long ago (wall clock minus the record's Kafka timestamp) the last record of a service's "
     "latest applied batch was written, per source topic: how far behind its stream the service is",
     ["service", "topic"],
+)
+BATCH_SECONDS = Histogram(
+    "qm_batch_seconds",
+    "Wall time of each batch a consuming agent applies, by step: handle (the folds, outputs "
+    "staged), acks (waiting for the broker to acknowledge the batch's outputs) and commit (the "
+    "cursors and the stores that fell due). An agent applies one batch at a time, so the rate of "
+    "the sum over the steps is how busy its loop is: near 1, records wait for the batch under way",
+    ["service", "topic", "step"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )
 EVENT_LOOP = Info("qm_event_loop", "The asyncio event loop this worker runs on (QM_EVENT_LOOP, ADR 0019)")
 
@@ -153,6 +162,7 @@ class _Batch:
         self.owner = owner  # the agent (the id of its first applied-offset table)
         self.next_offsets: dict[Any, tuple[int, Any]] = {}  # tp -> (next offset, last event)
         self.first_offsets: dict[Any, int] = {}  # tp -> offset of the first event applied
+        self.acks_s = 0.0  # how long the commit waited for the acknowledgements
 
     def staged(self, table: Any, key: str) -> Any:
         hit = self.writes.get((id(table), key))
@@ -276,6 +286,15 @@ def _envelopes_in(event: Any) -> int:
             except ValueError:
                 break
     return BUNDLE_MAX  # a bundle without its count: the most a bundle carries
+
+
+def metrics_text(names: Iterable[str] = ()) -> bytes:
+    """/metrics: every series, or with `name[]` parameters only the samples so named, as
+    prometheus_client's own HTTP handler does (a sampler that wants one series every second,
+    such as the benchmarks' batch loops, then does not make a queue-manager with a thousand
+    ClusterQueues render all of theirs)."""
+    names = list(names)
+    return generate_latest(REGISTRY.restricted_registry(names) if names else REGISTRY)
 
 
 def within_batch_ids(events: list[Any]) -> list[list[Any]]:
@@ -616,6 +635,7 @@ class ServiceRuntime:
         # 500 events/s the wait is most of an event's latency (bench-queue p50 24 -> 10 ms, p99
         # 129 -> 84 ms going from 20 to 5 ms, throughput unchanged).
         self.batch_within_s = float(os.environ.get("QM_BATCH_WITHIN_S", 0.005))
+        self._batch_steps: dict[str, tuple[Any, Any, Any]] = {}  # agent label -> qm_batch_seconds children
         # Topics whose outputs a batch sends as bundles, one record per key (ADR 0034). Empty:
         # every output is one record, sent as soon as it is published.
         self.bundled_topics: frozenset[str] = frozenset()
@@ -779,6 +799,7 @@ class ServiceRuntime:
         together, then its states stored, then the cursors. A batch that a rebalance overtook
         stores nothing: its events are read again by whoever owns the partition now."""
         owner = self._owners.get(events[0].message.topic, 0) if events else 0
+        started = time.perf_counter()
         batch = _Batch(owner)
         batch.bundling = len(events) >= BUNDLE_FROM_EVENTS
         token = _current_batch.set(batch)
@@ -821,12 +842,28 @@ class ServiceRuntime:
                 # batch under way, see _store_before_revocation.)
                 REFETCHED_AFTER_REBALANCE.labels(self.settings.service, label).inc(len(handled))
                 return
+            handled_at = time.perf_counter()
             await self._commit(batch, defer)
             self.app.qm_handled.update(event.message for event in handled)
             self._note_record_age(batch)
+            self._note_batch_time(label, handled_at - started, batch.acks_s,
+                                  time.perf_counter() - handled_at - batch.acks_s)
         finally:
             self._in_flight[owner] -= 1
             _current_batch.reset(token)
+
+    def _note_batch_time(self, label: str, handle_s: float, acks_s: float, commit_s: float) -> None:
+        """qm_batch_seconds: where an agent's loop spends a batch (stop 62: the queue-manager's
+        was busy 90% of kueue-baseline's last phase, and a finish waited for the batch under way
+        and then its own)."""
+        steps = self._batch_steps.get(label)
+        if steps is None:  # `labels()` looks the child up anew each call: once per agent here
+            service = self.settings.service
+            steps = self._batch_steps[label] = tuple(
+                BATCH_SECONDS.labels(service, label, step) for step in ("handle", "acks", "commit"))
+        steps[0].observe(handle_s)
+        steps[1].observe(acks_s)
+        steps[2].observe(max(commit_s, 0.0))
 
     def _note_record_age(self, batch: _Batch) -> None:
         """Set qm_applied_record_age_seconds per topic from the batch's last event of each
@@ -859,8 +896,10 @@ class ServiceRuntime:
             batch.acks.extend(await flush())
         if batch.latest:
             batch.acks.extend(await self._send(batch.latest.values()))
+        waited_from = time.perf_counter()
         for ack in batch.acks:
             await ack
+        batch.acks_s = time.perf_counter() - waited_from
         now = time.monotonic()
         owner = batch.owner
         # per partition number, the batch's first event of each source partition: the key's own
@@ -1388,7 +1427,8 @@ class ServiceRuntime:
 
         @app.page("/metrics")
         async def metrics(web, request):
-            return web.bytes(generate_latest(), content_type=CONTENT_TYPE_LATEST.split(";")[0])
+            return web.bytes(metrics_text(request.query.getall("name[]", [])),
+                             content_type=CONTENT_TYPE_LATEST.split(";")[0])
 
     def main(self) -> None:
         """Run as a faust worker: `python -m services.<name> worker`."""

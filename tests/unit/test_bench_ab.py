@@ -55,4 +55,20 @@ def test_a_kueue_run_shows_what_a_workload_cost_in_the_phase_that_ends_last(caps
     assert kueue["last_phase_cpu"] == "small 1.67 (1.94)"
     table([("head", 1, kueue)])
     lines = capsys.readouterr().out.splitlines()
-    assert "CPU ms per finish" in lines[0] and lines[-1].endswith("| small 1.67 (1.94) |")
+    assert "CPU ms per finish" in lines[0] and lines[-1].endswith("| small 1.67 (1.94) | — |")
+
+
+def test_a_kueue_run_shows_how_busy_the_queue_managers_loop_was_in_the_last_phase(capsys):
+    loops = {
+        "medium": {"from_s": 62.0, "to_s": 74.4, "loops": {"queue-manager": {"agent": "qm.workloads", "busy_pct": 57.2,
+                                                                            "acks_pct": 14.6}}},
+        "small": {"from_s": 75.1, "to_s": 82.7, "loops": {"cost-accounting": {"agent": "qm.workloads", "busy_pct": 86.0},
+                                                          "queue-manager": {"agent": "qm.workloads", "busy_pct": 86.4,
+                                                                            "acks_pct": 10.6}}},
+    }
+    kueue = figures({"wall_s": 83.1, "complete": True, "cpu_seconds": {}, "phase_loops": loops,
+                     "time_to_admission": {}})
+    assert kueue["last_phase_qm_loop"] == "86% (11%)"
+    table([("head", 1, kueue)])
+    lines = capsys.readouterr().out.splitlines()
+    assert "queue-manager loop busy" in lines[0] and lines[-1].endswith("| 86% (11%) |")

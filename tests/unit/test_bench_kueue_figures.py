@@ -14,8 +14,11 @@ from bench_kueue import (  # noqa: E402
     finishing_windows,
     packing_timeline,
     phase_cpu,
+    phase_loops,
+    phase_loops_line,
     summary_rows,
 )
+from common import batch_seconds_in  # noqa: E402
 
 from services.sim.kueue_scenarios import BASELINE, SMALLS_PHASE  # noqa: E402
 
@@ -136,3 +139,41 @@ def test_the_cpu_bound_wall_is_the_last_phases_p5_plus_its_workloads_cpu_over_th
     assert bound == {"class": "small", "p5_s": 75.4, "workloads": 10_500, "cpu_ms_each": 1.585, "cpus": 2,
                      "wall_s": 83.7}
     assert cpu_bound_wall({}, windows, {"small": 10_500}, cpus=2) is None  # no CPU timeline
+
+
+def test_a_phase_says_how_busy_each_services_busiest_batch_loop_was():
+    # cumulative qm_batch_seconds sums, sampled at at_s from the services' start (offset 2 s)
+    def sample(at_s, qm_handle, qm_acks, clock_handle, cost_handle):
+        return {"at_s": at_s,
+                "queue-manager": {"qm.workloads": {"handle": qm_handle, "acks": qm_acks, "commit": 0.0},
+                                  "qm.clock": {"handle": clock_handle, "acks": 0.0, "commit": 0.0}},
+                "cost-accounting": {"qm.workloads": {"handle": cost_handle, "acks": 0.0, "commit": 0.0}}}
+    timeline = [sample(9.0, 1.0, 0.5, 0.1, 0.0), sample(10.0, 1.5, 0.6, 0.1, 0.0),
+                sample(12.0, 3.1, 1.0, 0.2, 0.5), sample(13.0, 3.9, 1.1, 0.2, 0.5)]
+    windows = {"small": {"p5_s": 12.0, "p95_s": 14.5}, "tiny": {"p5_s": 12.0, "p95_s": 12.5}}
+    phases = phase_loops(timeline, 2.0, windows)
+    assert list(phases) == ["small"]  # the tiny window is shorter than a sample
+    loops = phases["small"]["loops"]
+    # from the sample at 10 s to the one at 13 s (run time 12 → 15 s): 2.4 s handling, 0.5 s acks
+    assert loops["queue-manager"] == {"agent": "qm.workloads", "busy_pct": 96.7, "acks_pct": 16.7,
+                                      "commit_pct": 0.0, "handle_pct": 80.0}
+    assert loops["cost-accounting"]["busy_pct"] == 16.7
+    assert list(loops) == ["queue-manager", "cost-accounting"]  # the busiest first
+    assert phase_loops_line(phases) == ("batch loops busy in the small window (12.0–14.5 s): "
+                                        "queue-manager (qm.workloads) 97% (acks 17%), "
+                                        "cost-accounting (qm.workloads) 17% (acks 0%)")
+    assert phase_loops([], 2.0, windows) == {} and phase_loops(timeline, None, windows) == {}
+
+
+def test_the_batch_seconds_are_read_from_a_services_metrics_text():
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    registry = CollectorRegistry()
+    seconds = Histogram("qm_batch_seconds", "test", ["service", "topic", "step"], registry=registry)
+    seconds.labels("queue-manager", "qm.workloads", "handle").observe(0.25)
+    seconds.labels("queue-manager", "qm.workloads", "handle").observe(0.5)
+    seconds.labels("queue-manager", "qm.workloads", "acks").observe(0.125)
+    seconds.labels("queue-manager", "qm.clock", "handle").observe(1.0)
+    text = generate_latest(registry).decode()
+    assert batch_seconds_in(text) == {"qm.workloads": {"handle": 0.75, "acks": 0.125}, "qm.clock": {"handle": 1.0}}
+    assert batch_seconds_in("qm_batch_seconds_count{step=\"handle\",topic=\"t\"} 3.0\n") == {}

@@ -12,7 +12,7 @@ from faust.streams import _current_event
 from faust.types import TP
 
 from services.adapters.bus import TypeSieve
-from services.adapters.runtime import REFETCHED_AFTER_REBALANCE, REWINDS, ServiceRuntime
+from services.adapters.runtime import REFETCHED_AFTER_REBALANCE, REWINDS, Output, ServiceRuntime
 from services.adapters.settings import Settings
 from services.contracts.codec import encode, make_envelope
 from services.contracts.events import ClockTick, WorkloadFinished
@@ -404,3 +404,56 @@ async def test_a_batch_sets_how_far_behind_its_stream_the_service_is(runtime):
     caught_up[0].message.timestamp = time.time() - 0.1
     await runtime.process(caught_up, handle, "qm.workloads", defer=True)
     assert age() < 0.6
+
+
+class SlowBroker:
+    """A producer whose broker acknowledges each record `delay_s` after it was sent."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+
+    async def send(self, topic, key, value, partition, timestamp, headers):
+        future = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_later(self.delay_s, future.set_result, None)
+        return future
+
+
+async def test_a_batch_reports_where_its_loop_spent_the_time(runtime):
+    """qm_batch_seconds: the handlers' time, the wait for the broker's acknowledgements, and
+    the rest of the commit, one observation of each per batch."""
+    from prometheus_client import REGISTRY
+
+    def seconds(step: str, what: str = "sum") -> float:
+        return REGISTRY.get_sample_value(f"qm_batch_seconds_{what}",
+                                         {"service": "cursor-test", "topic": "qm.workloads", "step": step}) or 0.0
+
+    runtime.app.producer = SlowBroker(0.05)
+    runtime._cursor_tables[runtime.tp.topic] = FakeTable("cursors")
+
+    async def handle(event):
+        await asyncio.sleep(0.03)  # the fold
+        await runtime.publish([Output("qm.workloads", "cohort-a", encode_tick())])
+
+    before = {step: (seconds(step), seconds(step, "count")) for step in ("handle", "acks", "commit")}
+    await runtime.process(events(runtime, 0), handle, "qm.workloads", defer=True)
+    spent = {step: seconds(step) - before[step][0] for step in before}
+    assert all(seconds(step, "count") - before[step][1] == 1 for step in before)
+    assert 0.03 <= spent["handle"] < 0.045
+    assert 0.035 <= spent["acks"] < 0.06  # sent at the end of the handler: ~50 ms minus nothing
+    assert spent["commit"] < 0.02
+
+
+def encode_tick():
+    return make_envelope(ClockTick(at="2026-11-29T10:00:00Z", source="test"), producer="test",
+                         occurred_at="2026-11-29T10:00:00Z")
+
+
+def test_metrics_render_only_the_series_asked_for_by_name():
+    from services.adapters.runtime import BATCH_SECONDS, metrics_text
+
+    BATCH_SECONDS.labels("cursor-test", "qm.workloads", "handle").observe(0.01)
+    everything = metrics_text().decode()
+    assert "qm_messages_consumed_total" in everything or "# HELP qm_messages_consumed_total" in everything
+    asked = metrics_text(["qm_batch_seconds_sum"]).decode()
+    lines = [line for line in asked.splitlines() if not line.startswith("#")]
+    assert lines and all(line.startswith("qm_batch_seconds_sum{") for line in lines)
