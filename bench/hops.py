@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -87,8 +88,7 @@ def finish_hops(cluster: list[tuple[float, bytes]], workloads: list[tuple[float,
         if uid in released_at:
             releasing.append(released_at[uid] - forwarded)
             phase[1].append(released_at[uid] - forwarded)
-            # the reservation that ran to this finish: the last one made before it
-            last = max((t for t in reserved_at.get(uid, ()) if t <= finished_at[uid]), default=None)
+            last = _ran_on(reserved_at.get(uid, ()), finished_at[uid])
             if last is not None:
                 holding.append(released_at[uid] - last)
                 phase[2].append(released_at[uid] - last)
@@ -100,6 +100,12 @@ def finish_hops(cluster: list[tuple[float, bytes]], workloads: list[tuple[float,
         "by_phase": [{"finished_from_s": k * window_s, "forwarded": _stats(f), "released": _stats(r), "held": _stats(h)}
                      for k, (f, r, h) in sorted(phases.items())],
     }
+
+
+def _ran_on(reservations: Iterable[float], finished: float) -> float | None:
+    """The reservation that ran to a finish: the last one made before it (a preempted workload
+    was reserved more than once)."""
+    return max((t for t in reservations if t <= finished), default=None)
 
 
 def quota_cycle(workloads: list[tuple[float, bytes]], window_s: float = 5.0) -> list[dict[str, Any]]:
@@ -151,7 +157,7 @@ def quota_cycle(workloads: list[tuple[float, bytes]], window_s: float = 5.0) -> 
         times.sort()
     for uid, finished in finished_at.items():
         phase = phases.setdefault(int((finished - start) // window_s), {leg: [] for leg in legs})
-        ran_on = max((t for t in reserved.get(uid, ()) if t <= finished), default=None)
+        ran_on = _ran_on(reserved.get(uid, ()), finished)
         began = min((t for t in running_at.get(uid, ()) if ran_on is not None and ran_on <= t <= finished),
                     default=None)
         if began is not None:

@@ -1029,10 +1029,10 @@ def _worth_judging(snapshot: Any, pending_index: _PendingIndex, pending: dict, n
             w = pending[uid]
             if w["eligible_at"] <= now:
                 if room == 0:  # one more is waiting beyond its share
-                    ends.add(last)
+                    ends.add(_pending_view(last)[1].key)  # the name the drain knows it by
                     break
                 kept.append(w)
-                last = _pending_view(w)[1].key  # the name the drain knows it by
+                last = w
                 room -= 1
                 if room == 0 and not capped:
                     break
