@@ -21,7 +21,9 @@ whichever side ran first. `--no-warmup` skips it; the table shows each run's bro
 
 Each run's JSON is kept as bench/results/ab/<scenario>-<side>-<rep>.json; the table of every
 run (wall, CPU per process, evictions, minimum usage, mean time to admission) is printed at
-the end, and a line per run as it ends.
+the end, and a line per run as it ends. Under the table, one line per side: its walls' median
+and range, and against the first side, rep by rep, the difference, how many reps it was faster
+in and the median ratio (a pair runs back to back, so it shares the machine's moment).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -169,6 +172,38 @@ def table(rows: list[tuple[str, int, dict]]) -> None:
         print("| " + " | ".join(map(str, cells)) + " |")
 
 
+def paired_summary(rows: list[tuple[str, int, dict]]) -> list[str]:
+    """One line per side: its walls' median and range, and against the first side, rep by rep
+    (each pair ran back to back, on the machine of that moment), the difference, how many reps
+    it was faster in, and the median of the ratios. This machine's speed moves more between
+    reps than most changes move the wall, so the pairs, not the pooled means, are the test."""
+    walls: dict[str, dict[int, float]] = {}
+    for label, rep, f in rows:
+        if f.get("wall_s") is not None and f.get("complete", True):
+            walls.setdefault(label, {})[rep] = f["wall_s"]
+    if not walls:
+        return []
+    labels = list(dict.fromkeys(label for label, _, _ in rows))
+    reference = labels[0]
+    lines = []
+    for label in labels:
+        mine = walls.get(label, {})
+        if not mine:
+            lines.append(f"{label}: no complete run")
+            continue
+        line = (f"{label}: wall median {statistics.median(mine.values()):.2f} s "
+                f"({min(mine.values()):.2f}–{max(mine.values()):.2f}, {len(mine)} run{'s' if len(mine) != 1 else ''})")
+        pairs = [(rep, mine[rep], walls[reference][rep]) for rep in sorted(mine) if rep in walls.get(reference, {})]
+        if label != reference and pairs:
+            deltas = ", ".join(f"{a - b:+.2f}" for _, a, b in pairs)
+            faster = sum(1 for _, a, b in pairs if a < b)
+            ratio = statistics.median(a / b for _, a, b in pairs)
+            line += (f"; against {reference}, rep by rep: {deltas} s (faster in {faster} of {len(pairs)}), "
+                     f"median ratio {ratio:.3f}")
+        lines.append(line)
+    return lines
+
+
 def _or_dash(value: object) -> object:
     return "—" if value is None else value
 
@@ -211,6 +246,9 @@ def main() -> int:
             print(f"[ab] {name}: wall {f['wall_s']} s, services' CPU {f['services_cpu_s']} s, evictions "
                   f"{f['evictions']}, ledger {f['ledger']} ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
     table(rows)
+    print()
+    for line in paired_summary(rows):
+        print(f"- {line}")
     return 0
 
 

@@ -72,3 +72,20 @@ def test_a_kueue_run_shows_how_busy_the_queue_managers_loop_was_in_the_last_phas
     table([("head", 1, kueue)])
     lines = capsys.readouterr().out.splitlines()
     assert "queue-manager loop busy" in lines[0] and lines[-1].endswith("| 86% (11%) |")
+
+
+def test_the_summary_compares_each_side_with_the_first_rep_by_rep():
+    from ab_kueue import paired_summary
+
+    def run(wall, complete=True):
+        return figures({"wall_s": wall, "complete": complete, "cpu_seconds": {}})
+
+    rows = [("head", 1, run(82.02)), ("defer", 1, run(81.82)),
+            ("head", 2, run(79.70)), ("defer", 2, run(80.65)),
+            ("head", 3, run(79.57)), ("defer", 3, run(79.70)),
+            ("head", 4, run(90.0, complete=False)), ("defer", 4, run(80.35))]
+    head, defer = paired_summary(rows)
+    assert head == "head: wall median 79.70 s (79.57–82.02, 3 runs)"
+    assert defer == ("defer: wall median 80.50 s (79.70–81.82, 4 runs); against head, rep by rep: "
+                     "-0.20, +0.95, +0.13 s (faster in 1 of 3), median ratio 1.002")
+    assert paired_summary([("a", 1, run(None)), ("b", 1, run(80.0))]) == ["a: no complete run", "b: wall median 80.00 s (80.00–80.00, 1 run)"]
