@@ -181,10 +181,9 @@ def paired_summary(rows: list[tuple[str, int, dict]]) -> list[str]:
     for label, rep, f in rows:
         if f.get("wall_s") is not None and f.get("complete", True):
             walls.setdefault(label, {})[rep] = f["wall_s"]
-    if not walls:
-        return []
     labels = list(dict.fromkeys(label for label, _, _ in rows))
-    reference = labels[0]
+    reference = labels[0] if labels else ""
+    reference_walls = walls.get(reference, {})
     lines = []
     for label in labels:
         mine = walls.get(label, {})
@@ -193,7 +192,7 @@ def paired_summary(rows: list[tuple[str, int, dict]]) -> list[str]:
             continue
         line = (f"{label}: wall median {statistics.median(mine.values()):.2f} s "
                 f"({min(mine.values()):.2f}–{max(mine.values()):.2f}, {len(mine)} run{'s' if len(mine) != 1 else ''})")
-        pairs = [(rep, mine[rep], walls[reference][rep]) for rep in sorted(mine) if rep in walls.get(reference, {})]
+        pairs = [(rep, mine[rep], reference_walls[rep]) for rep in sorted(mine) if rep in reference_walls]
         if label != reference and pairs:
             deltas = ", ".join(f"{a - b:+.2f}" for _, a, b in pairs)
             faster = sum(1 for _, a, b in pairs if a < b)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from ab_kueue import figures, table  # noqa: E402
+from ab_kueue import figures, paired_summary, table  # noqa: E402
 
 REPLAY_REPORT = {
     "wall_s": 69.8, "complete": True, "simulator_s": 27.8,
@@ -75,8 +75,6 @@ def test_a_kueue_run_shows_how_busy_the_queue_managers_loop_was_in_the_last_phas
 
 
 def test_the_summary_compares_each_side_with_the_first_rep_by_rep():
-    from ab_kueue import paired_summary
-
     def run(wall, complete=True):
         return figures({"wall_s": wall, "complete": complete, "cpu_seconds": {}})
 
