@@ -872,6 +872,8 @@ def _drain(state: dict, ctx: Context, emit: _Emitter, only: list[str] | None = N
     ends: set[str] = set()
     if only is None:
         eligible, ends = _worth_judging(snapshot, _pending_index(ctx, state), state["pending"], now, DRAIN_SHARE_MARGIN)
+        if ends and _preemptor_left_out(state, eligible, now):
+            eligible, ends = _worth_judging(snapshot, _pending_index(ctx, state), state["pending"], now, None)
     else:
         eligible = [state["pending"][u] for u in only if u in state["pending"] and state["pending"][u]["eligible_at"] <= now]
     if not eligible:
@@ -981,6 +983,21 @@ def _drain_pass(snapshot: Any, eligible: list[dict], now: float, ends: set[str])
         if decision.status is WorkloadStatus.ADMITTED:
             snapshot.remove_workload(decision.workload)
     return by_key, result
+
+
+def _preemptor_left_out(state: dict, eligible: list[dict], now: float) -> bool:
+    """Whether a waiting preemptor was cut from a drain fed only each kind's share (ADR 0077).
+    A pass that judged it and found it needs nobody's quota any more ends its standing as a
+    preemptor, and the next arrival's drain is judged with the preemptors still standing (ADR
+    0039): so a preemptor the whole pass would have judged must not be left out of the fed
+    one, or the two go on to decide differently (found by test_drain_feed, seed 53). Rare:
+    a preemptor is usually its queue's head."""
+    preemptors = state.get("preemptors")
+    if not preemptors:
+        return False
+    pending = state["pending"]
+    fed = {w["uid"] for w in eligible}
+    return any(uid not in fed and uid in pending and pending[uid]["eligible_at"] <= now for uid in preemptors)
 
 
 def _fed_too_few(result: Any) -> bool:

@@ -107,7 +107,9 @@ def _restore_cap():
     fold.DRAIN_SHARE_MARGIN = cap
 
 
-@pytest.mark.parametrize("seed", range(12))
+# 53, 69, 77, 102 and 135: a waiting preemptor cut from the fed pass stayed a preemptor there,
+# while the whole pass judged it and ended its standing (`_preemptor_left_out`)
+@pytest.mark.parametrize("seed", [*range(12), 53, 69, 77, 102, 135])
 def test_a_drain_fed_its_share_decides_as_one_fed_all_that_fit(seed, tmp_path):
     shared, whole, said_shared, said_whole = fold_both(seed, tmp_path)
     assert shared == whole
