@@ -987,11 +987,12 @@ def _drain_pass(snapshot: Any, eligible: list[dict], now: float, ends: set[str])
 
 def _preemptor_left_out(state: dict, eligible: list[dict], now: float) -> bool:
     """Whether a waiting preemptor was cut from a drain fed only each kind's share (ADR 0077).
-    A pass that judged it and found it needs nobody's quota any more ends its standing as a
-    preemptor, and the next arrival's drain is judged with the preemptors still standing (ADR
-    0039): so a preemptor the whole pass would have judged must not be left out of the fed
-    one, or the two go on to decide differently (found by test_drain_feed, seed 53). Rare:
-    a preemptor is usually its queue's head."""
+    A pass that is fed a preemptor and does not decide it Preempting again (it admits it, says
+    it Pending, or leaves it Queued behind its queue's head) ends its standing as a preemptor,
+    and the next arrival's drain is judged with the preemptors still standing (ADR 0039). So a
+    preemptor the whole pass would be fed must not be left out of the fed one, or the two go on
+    to decide differently (test_drain_feed, seed 53 and four more of 200). Rare: a preemptor is
+    usually its queue's head."""
     preemptors = state.get("preemptors")
     if not preemptors:
         return False
