@@ -19,7 +19,8 @@ Before the first run the local broker is warmed up (bench/warm_broker.py, ADR 00
 just started compiles its hot paths through its first minutes of traffic, which would slow
 whichever side ran first. `--no-warmup` skips it; the table shows each run's broker JIT CPU.
 
-Each run's JSON is kept as bench/results/ab/<scenario>-<side>-<rep>.json; the table of every
+Each run's JSON is kept as bench/results/ab/<scenario>-<side>-<rep>.json (a side's own
+bench/results/kueue-*.json and alibaba-replay.json stay those of its last `make bench`); the table of every
 run (wall, CPU per process, evictions, minimum usage, mean time to admission) is printed at
 the end, and a line per run as it ends. Under the table, one line per side: its walls' median
 and range, and against the first side, rep by rep, the difference, how many reps it was faster
@@ -79,22 +80,35 @@ def side_arg(text: str) -> Side:
     return Side(label, path, env)
 
 
-def run_once(side: Side, scenario: str, scale: float, log: Path) -> dict:
-    """One bench_kueue.py (or bench_replay.py) run in the side's checkout; its result JSON."""
+def run_once(side: Side, scenario: str, scale: float, log: Path, out: Path) -> dict:
+    """One bench_kueue.py (or bench_replay.py) run in the side's checkout; its result JSON,
+    kept as `out`. The side's own bench/results/ is left as it was: its kueue-baseline.json
+    (alibaba-replay.json) stays the last `make bench`'s, not this run's."""
+    out.unlink(missing_ok=True)  # a failed run must not report the previous one's figures
     if scenario == REPLAY:
-        result = side.tree / "bench" / "results" / "alibaba-replay.json"
+        result = out
         command = ["bench/bench_replay.py", "--scale", str(scale), "--trace", str(TRACES / "openb_pod_list_default.csv"),
-                   "--nodes", str(TRACES / "openb_node_list_all_node.csv"), "--out", str(result)]
+                   "--nodes", str(TRACES / "openb_node_list_all_node.csv"), "--out", str(out)]
     else:
+        # bench_kueue.py writes only its own path (older checkouts have no --out): the file there
+        # before the run is set aside and put back afterwards
         result = side.tree / "bench" / "results" / f"{scenario if scenario in DIAGNOSTIC else 'kueue-' + scenario}.json"
         command = ["bench/bench_kueue.py", "--scenario", scenario, "--scale", str(scale)]
-    result.unlink(missing_ok=True)  # a failed run must not report the previous one's figures
-    with log.open("wb") as out:
-        subprocess.run([str(side.tree / ".venv" / "bin" / "python"), *command], cwd=side.tree,
-                       env={**os.environ, **side.env}, stdout=out, stderr=subprocess.STDOUT, check=False)
-    if not result.exists():
+    kept = result.with_name(result.name + ".ab-kept")
+    if result != out and result.exists():
+        result.replace(kept)
+    try:
+        with log.open("wb") as output:
+            subprocess.run([str(side.tree / ".venv" / "bin" / "python"), *command], cwd=side.tree,
+                           env={**os.environ, **side.env}, stdout=output, stderr=subprocess.STDOUT, check=False)
+        if result != out and result.exists():
+            result.replace(out)
+    finally:
+        if kept.exists():
+            kept.replace(result)
+    if not out.exists():
         raise SystemExit(f"{side.label}: the run wrote no result; see {log}")
-    return json.loads(result.read_text())
+    return json.loads(out.read_text())
 
 
 def figures(report: dict) -> dict:
@@ -238,8 +252,7 @@ def main() -> int:
             knobs = " ".join(f"{k}={v}" for k, v in side.env.items())
             print(f"[ab] {name}: running in {side.tree}{' with ' + knobs if knobs else ''}", file=sys.stderr, flush=True)
             started = time.monotonic()
-            report = run_once(side, args.scenario, args.scale, out_dir / f"{name}.log")
-            (out_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+            report = run_once(side, args.scenario, args.scale, out_dir / f"{name}.log", out_dir / f"{name}.json")
             f = figures(report)
             rows.append((side.label, rep, f))
             print(f"[ab] {name}: wall {f['wall_s']} s, services' CPU {f['services_cpu_s']} s, evictions "

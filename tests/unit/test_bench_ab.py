@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from ab_kueue import figures, paired_summary, table  # noqa: E402
+from ab_kueue import Side, figures, paired_summary, run_once, table  # noqa: E402
 
 REPLAY_REPORT = {
     "wall_s": 69.8, "complete": True, "simulator_s": 27.8,
@@ -87,3 +87,43 @@ def test_the_summary_compares_each_side_with_the_first_rep_by_rep():
     assert defer == ("defer: wall median 80.50 s (79.70–81.82, 4 runs); against head, rep by rep: "
                      "-0.20, +0.95, +0.13 s (faster in 1 of 3), median ratio 1.002")
     assert paired_summary([("a", 1, run(None)), ("b", 1, run(80.0))]) == ["a: no complete run", "b: wall median 80.00 s (80.00–80.00, 1 run)"]
+
+
+def _side_tree(tmp_path: Path, script: str) -> Side:
+    """A checkout as run_once uses one: bench/bench_kueue.py (here a stand-in) and .venv/bin/python."""
+    tree = tmp_path / "tree"
+    (tree / "bench" / "results").mkdir(parents=True)
+    (tree / "bench" / "bench_kueue.py").write_text(script)
+    (tree / ".venv" / "bin").mkdir(parents=True)
+    (tree / ".venv" / "bin" / "python").symlink_to(sys.executable)
+    return Side("head", tree)
+
+
+def test_an_ab_run_keeps_its_result_aside_and_leaves_make_bench_s_in_place(tmp_path):
+    side = _side_tree(tmp_path, "from pathlib import Path\n"
+                                "Path('bench/results/kueue-baseline.json').write_text('{\"wall_s\": 79.5}')\n")
+    make_bench_s = side.tree / "bench" / "results" / "kueue-baseline.json"
+    make_bench_s.write_text('{"wall_s": 80.16}')
+    out = tmp_path / "ab" / "baseline-head-1.json"
+    out.parent.mkdir()
+    assert run_once(side, "baseline", 1.0, tmp_path / "ab" / "run.log", out) == {"wall_s": 79.5}
+    assert out.read_text() == '{"wall_s": 79.5}'
+    assert make_bench_s.read_text() == '{"wall_s": 80.16}'
+    assert sorted(p.name for p in make_bench_s.parent.iterdir()) == ["kueue-baseline.json"]
+
+
+def test_a_run_that_writes_no_result_names_its_log_and_reports_no_earlier_figures(tmp_path):
+    side = _side_tree(tmp_path, "raise SystemExit(3)\n")
+    make_bench_s = side.tree / "bench" / "results" / "kueue-baseline.json"
+    make_bench_s.write_text('{"wall_s": 80.16}')
+    out = tmp_path / "baseline-head-1.json"
+    out.write_text('{"wall_s": 1.0}')  # an earlier ab run's: not this one's figures
+    log = tmp_path / "run.log"
+    try:
+        run_once(side, "baseline", 1.0, log, out)
+    except SystemExit as exit_:
+        assert str(log) in str(exit_)
+    else:
+        raise AssertionError("a run without a result must stop the A/B")
+    assert not out.exists()
+    assert make_bench_s.read_text() == '{"wall_s": 80.16}'
