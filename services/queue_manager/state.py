@@ -18,7 +18,8 @@ JSON-able dict so it can live in a faust table:
     draining  present while the queue.drain_due.v1 of this cohort's last drain is on its way
     due       the event time of the first change since then that waits for it (ADR 0016)
     preemptors  uid -> True for the waiting workloads whose last judgement was "preempting":
-              an arrival is judged with them (ADR 0039)
+              an arrival is judged with them (ADR 0039), and each stays the head of its
+              BestEffortFIFO queue until a pass decides it otherwise (ADR 0078)
     usage_due   namespace -> True: usage changed while `draining`, said when it returns (ADR 0050)
 """
 
@@ -27,7 +28,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from operator import itemgetter
@@ -878,12 +879,15 @@ def _drain(state: dict, ctx: Context, emit: _Emitter, only: list[str] | None = N
         eligible = [state["pending"][u] for u in only if u in state["pending"] and state["pending"][u]["eligible_at"] <= now]
     if not eligible:
         return
+    standing = state.get("preemptors")
+    pending = state["pending"]
+    sticky = {_pending_view(w)[1].key for uid in standing if (w := pending.get(uid)) is not None} if standing else ()
     try:
-        by_key, result = _drain_pass(snapshot, eligible, now, ends)
+        by_key, result = _drain_pass(snapshot, eligible, now, ends, sticky)
         if ends and _fed_too_few(result):
             # a run was cut short while the pass still took quota: judge as many as could fit
             eligible, _ = _worth_judging(snapshot, _pending_index(ctx, state), state["pending"], now, None)
-            by_key, result = _drain_pass(snapshot, eligible, now, set())
+            by_key, result = _drain_pass(snapshot, eligible, now, set(), sticky)
     except BaseException:
         _INDEXES.pop(ctx.cache_key, None)  # half-way through a drain: rebuilt from the state next time
         raise
@@ -969,14 +973,16 @@ def _drain(state: dict, ctx: Context, emit: _Emitter, only: list[str] | None = N
 DRAIN_SHARE_MARGIN: int | None = 4
 
 
-def _drain_pass(snapshot: Any, eligible: list[dict], now: float, ends: set[str]) -> tuple[dict[str, dict], Any]:
-    """One drain over `eligible` on the index's own snapshot, its admissions taken back out."""
+def _drain_pass(snapshot: Any, eligible: list[dict], now: float, ends: set[str],
+                sticky: Collection[str] = ()) -> tuple[dict[str, dict], Any]:
+    """One drain over `eligible` on the index's own snapshot, its admissions taken back out.
+    `sticky`: the core's keys of the standing preemptors, each its queue's head (ADR 0078)."""
     # Decisions are carried out in this order (node placement takes GPUs first come, first
     # served), so make it Kueue's queue order, not the order the workloads were looked up in.
     views = [_pending_view(w) for w in eligible]
     views.sort(key=_DRAIN_ORDER)
     by_key = {view[1].key: view[0] for view in views}
-    result = drain(snapshot, [view[1] for view in views], now, in_place=True, watch=ends)
+    result = drain(snapshot, [view[1] for view in views], now, in_place=True, watch=ends, sticky=sticky)
     # The drain admitted into the index's own snapshot; take them back: each is added
     # again below (_admit) unless no node can hold it.
     for decision in result.decisions:
@@ -988,7 +994,7 @@ def _drain_pass(snapshot: Any, eligible: list[dict], now: float, ends: set[str])
 def _preemptor_left_out(state: dict, eligible: list[dict], now: float) -> bool:
     """Whether a waiting preemptor was cut from a drain fed only each kind's share (ADR 0077).
     A pass that is fed a preemptor and does not decide it Preempting again (it admits it, says
-    it Pending, or leaves it Queued behind its queue's head) ends its standing as a preemptor,
+    it Pending, or leaves it Queued behind its queue's head, as a StrictFIFO queue may) ends its standing,
     and the next arrival's drain is judged with the preemptors still standing (ADR 0039). So a
     preemptor the whole pass would be fed must not be left out of the fed one, or the two go on
     to decide differently (test_drain_feed, seed 53 and four more of 200). Rare: a preemptor is

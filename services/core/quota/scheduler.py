@@ -388,14 +388,21 @@ class _Queues:
         lane.workloads.append(wl)
         lane.shapes.append(shape)
 
-    def seal(self) -> None:
-        for lane in self.lanes.values():
+    def seal(self, sticky: Collection[str] = (), sticky_lanes: Collection[str] = ()) -> None:
+        """Each queue in Kueue's order; a BestEffortFIFO queue's `sticky` workloads (preemptors
+        whose victims are still going; `sticky_lanes` names their queues) first, as Kueue keeps
+        its sticky workload at the head."""
+        for name, lane in self.lanes.items():
             # (order, index) pairs sort without a Python key call per workload; the index keeps
             # it stable, as a sort by key alone would be
             wls, shapes = lane.workloads, lane.shapes
-            ranked = sorted(zip(map(_QUEUE_ORDER, wls), range(len(wls)), strict=True))
-            lane.workloads = [wls[i] for _, i in ranked]
-            lane.shapes = [shapes[i] for _, i in ranked]
+            ranked = [i for _, i in sorted(zip(map(_QUEUE_ORDER, wls), range(len(wls)), strict=True))]
+            if name in sticky_lanes and not lane.strict:
+                heads = [i for i in ranked if wls[i].key in sticky]
+                if heads:
+                    ranked = heads + [i for i in ranked if wls[i].key not in sticky]
+            lane.workloads = [wls[i] for i in ranked]
+            lane.shapes = [shapes[i] for i in ranked]
         self.lanes = dict(sorted(self.lanes.items()))
         self.rewind()
 
@@ -440,7 +447,7 @@ def _reserve(e: _Entry) -> list[tuple[tuple[str, str], int]]:
 
 class _Scheduler:
     def __init__(self, snapshot: Snapshot, pending: Iterable[Workload], now: float, in_place: bool = False,
-                 fast_forward: bool = True, watch: Collection[str] = ()) -> None:
+                 fast_forward: bool = True, watch: Collection[str] = (), sticky: Collection[str] = ()) -> None:
         self.snap = snapshot if in_place else snapshot.copy()
         self.now = now
         self.fast_forward = fast_forward
@@ -472,6 +479,7 @@ class _Scheduler:
         # entered, so no id is reused while this runs
         shape_of_object: dict[int, int] = {}
         queue_of: dict[tuple[str, str | None], ClusterQueueState] = {}  # (namespace, queue name)
+        sticky_lanes: set[str] = set()  # the ClusterQueues of the pass's sticky workloads
         for wl in pending:
             if wl.key in self.snap.workloads or wl.key in self.queued_in or wl.admission is not None:
                 continue
@@ -495,7 +503,9 @@ class _Scheduler:
                     self.shape_pod_sets.append(wl.pod_sets)
                 shape_of_object[id(wl.pod_sets)] = shape
             self.queues.add(cq, wl, shape)
-        self.queues.seal()
+            if sticky and wl.key in sticky:
+                sticky_lanes.add(cq.name)
+        self.queues.seal(sticky, sticky_lanes)
         self.fair = self.snap.config.fair_sharing.enabled
 
     # -- heads
@@ -852,6 +862,7 @@ def run_cycles(snapshot: Snapshot, pending: Iterable[Workload], now: float, cycl
 def drain(
     snapshot: Snapshot, pending: Iterable[Workload], now: float, max_cycles: int | None = None,
     *, in_place: bool = False, fast_forward: bool = True, watch: Collection[str] = (),
+    sticky: Collection[str] = (),
 ) -> CycleResult:
     """Cycles until nothing changes: everything that fits is admitted in one pass.
 
@@ -871,8 +882,13 @@ def drain(
     `watch`: workload keys whose first decision's cycle the result reports (`watched_at`,
     with `last_taking_cycle`): a caller that gave each queue only the first few workloads of a
     deep run learns whether the pass got past them while it still took quota (ADR 0077).
+
+    `sticky`: keys of preemptors decided in an earlier pass whose victims are still going. Each
+    stays its BestEffortFIFO queue's head, ahead of higher priorities and of older workloads
+    set aside before, as Kueue's sticky workload does until it is admitted (ADR 0078): the
+    quota its victims free is then not taken by a workload that stood behind it.
     """
-    sched = _Scheduler(snapshot, pending, now, in_place, fast_forward, watch)
+    sched = _Scheduler(snapshot, pending, now, in_place, fast_forward, watch, sticky)
     ran = 0
     while max_cycles is None or ran < max_cycles:
         ran += 1

@@ -280,10 +280,9 @@ def test_a_question_is_identified_by_the_admitted_sets_revision_not_its_members(
     assert second.event_id != first.event_id
 
 
-def test_an_arrival_cannot_take_the_quota_a_waiting_preemptor_holds(tmp_path):
-    """Kueue nominates the preemptor first in every cycle and holds its quota there, so a
-    newcomer of lower priority cannot take what frees up while the victims go. Judged alone,
-    every small arrival took it, and the preemptor asked again and again."""
+def chat_waiting_for_its_victims(tmp_path):
+    """gpu-queue full (train 16, batch-a 8, batch-b 8 GPUs); chat (16, priority 1000) asked for
+    victims; then batch-a finished: 8 GPUs free, chat still needs 16. (ctx, state)"""
     ctx = config(tmp_path)
     state, _ = run(ctx, [validated("train", 16, 0, "training"), validated("batch-a", 8, 0, "batch"),
                          validated("batch-b", 8, 0, "batch")])
@@ -292,8 +291,16 @@ def test_an_arrival_cannot_take_the_quota_a_waiting_preemptor_holds(tmp_path):
     finished = make_envelope(WorkloadFinished(uid="uid-batch-a", namespace="ml-team", name="batch-a",
                                               finished_at="2026-11-29T10:01:10Z", succeeded=True),
                              producer="watcher", occurred_at="2026-11-29T10:01:10Z")
-    state, out = run(ctx, [finished], state)  # 8 GPUs free: the preemptor needs 16
+    state, out = run(ctx, [finished], state)
     assert not [o for o in out if o.envelope.event_type == "workload.quota_reserved.v1"]
+    return ctx, state
+
+
+def test_an_arrival_cannot_take_the_quota_a_waiting_preemptor_holds(tmp_path):
+    """Kueue nominates the preemptor first in every cycle and holds its quota there, so a
+    newcomer of lower priority cannot take what frees up while the victims go. Judged alone,
+    every small arrival took it, and the preemptor asked again and again."""
+    ctx, state = chat_waiting_for_its_victims(tmp_path)
     state, out = run(ctx, [validated("late", 4, 0, "batch", at="2026-11-29T10:01:20Z")], state)
     assert not [o for o in out if o.envelope.event_type == "workload.quota_reserved.v1"]
     assert "uid-late" in state["pending"] and state["preemptors"] == {"uid-chat": True}
@@ -301,3 +308,20 @@ def test_an_arrival_cannot_take_the_quota_a_waiting_preemptor_holds(tmp_path):
     state, out = run(ctx, [answer_of("chat", "2026-11-29T10:01:30Z", "batch-b")], state)
     reserved = [o.envelope.payload.name for o in out if o.envelope.event_type == "workload.quota_reserved.v1"]
     assert reserved == ["chat"] and not state["preemptors"]
+
+
+def test_a_waiting_preemptor_stays_its_queues_head_when_a_higher_priority_arrives(tmp_path):
+    """Kueue's sticky workload (ADR 0078): while its victims go, the preemptor stays the head of
+    its BestEffortFIFO queue, ahead of a newcomer of higher priority. Before, the newcomer became
+    the head and took 4 of the 8 GPUs the finish had freed; the preemptor, left "Queued" behind
+    it, lost its standing, and its 16 GPUs could no longer be found without another eviction."""
+    ctx, state = chat_waiting_for_its_victims(tmp_path)
+    state, out = run(ctx, [validated("urgent", 4, 2000, "inference", at="2026-11-29T10:01:20Z")], state)
+    assert not [o for o in out if o.envelope.event_type == "workload.quota_reserved.v1"]
+    assert "uid-urgent" in state["pending"] and state["preemptors"] == {"uid-chat": True}
+
+    state, out = run(ctx, [answer_of("chat", "2026-11-29T10:01:30Z", "batch-b")], state)
+    reserved = [o.envelope.payload.name for o in out if o.envelope.event_type == "workload.quota_reserved.v1"]
+    assert reserved == ["chat"]
+    # then the newcomer is its queue's head: 4 GPUs, none free, lower priorities to preempt
+    assert state["preemptors"] == {"uid-urgent": True}

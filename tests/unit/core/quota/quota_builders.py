@@ -242,14 +242,16 @@ def fair_sharing_config(*strategies: str) -> dict[str, Any]:
 
 
 def schedule(
-    docs: list[dict[str, Any]], *, mode: str = "cycle", cycles: int = 1, now: float = T0 + 3600
+    docs: list[dict[str, Any]], *, mode: str = "cycle", cycles: int = 1, now: float = T0 + 3600,
+    sticky: tuple[str, ...] = (),
 ) -> dict[str, Decision]:
-    """Load docs, build the snapshot from admitted workloads, schedule the pending ones."""
+    """Load docs, build the snapshot from admitted workloads, schedule the pending ones
+    (`sticky`: a drain's standing preemptors)."""
     objects = load_objects(("test.yaml", d) for d in docs)
     snap = build_snapshot(objects)
     pending = [w for w in objects.workloads if w.admission is None]
     if mode == "drain":
-        result = drain(snap, pending, now)
+        result = drain(snap, pending, now, sticky=sticky)
     else:
         result = run_cycles(snap, pending, now, cycles=cycles)
     return result.by_workload()

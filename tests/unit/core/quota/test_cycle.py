@@ -216,6 +216,58 @@ def test_drain_keeps_a_preempting_head_at_the_head_of_its_queue():
     assert cycles["default/vip"].status is WorkloadStatus.ADMITTED
 
 
+def test_a_standing_preemptor_stays_its_queues_head_ahead_of_a_higher_priority_arrival():
+    """Kueue's sticky workload (ADR 0078): a preemptor decided in an earlier pass stays its
+    BestEffortFIFO queue's head until it is admitted, ahead even of a higher priority. Without
+    it, the newcomer took the GPU left free, and the preemptor could never get its 4."""
+    docs = [
+        F,
+        *lqs("a"),
+        make_cq("a").gpu("f", 4).preemption(within="LowerPriority").obj(),
+        make_wl("low").queue("a").gpu(3).admitted("a", "f").obj(),
+        make_wl("vip").queue("a").priority(10).gpu(4).created(1).obj(),
+        make_wl("urgent").queue("a").priority(20).gpu(1).created(2).obj(),
+    ]
+    unstuck = schedule(docs, mode="drain")
+    assert unstuck["default/urgent"].status is WorkloadStatus.ADMITTED  # what the order alone decides
+    got = schedule(docs, mode="drain", sticky=("default/vip",))
+    assert got["default/vip"].status is WorkloadStatus.PREEMPTING
+    assert [t.workload for t in got["default/vip"].preempts] == ["default/low"]
+    assert (got["default/urgent"].status, got["default/urgent"].reason) == (WorkloadStatus.PENDING, Reason.QUEUED)
+
+
+def test_once_its_victims_are_gone_a_standing_preemptor_takes_their_quota_before_older_workloads():
+    """Kueue#6929, the reason for the sticky workload: when the victims' quota is freed, the
+    workloads set aside earlier requeue, and an older one of the same priority came back ahead
+    of the preemptor and took the quota it had evicted for (it then had to preempt again)."""
+    docs = [
+        F,
+        *lqs("a"),
+        make_cq("a").gpu("f", 4).preemption(within="LowerPriority").obj(),
+        make_wl("older").queue("a").priority(10).gpu(2).created(0).obj(),
+        make_wl("vip").queue("a").priority(10).gpu(4).created(1).obj(),
+    ]
+    assert schedule(docs, mode="drain")["default/older"].status is WorkloadStatus.ADMITTED
+    got = schedule(docs, mode="drain", sticky=("default/vip",))
+    assert got["default/vip"].status is WorkloadStatus.ADMITTED
+    assert got["default/older"].status is WorkloadStatus.PENDING
+
+
+def test_a_strict_fifo_queue_has_no_sticky_head():
+    """Kueue keeps a sticky workload only in BestEffortFIFO queues: StrictFIFO's head is its
+    queue's first by priority and time, whatever preempted before."""
+    docs = [
+        F,
+        *lqs("a"),
+        make_cq("a").gpu("f", 4).strict_fifo().preemption(within="LowerPriority").obj(),
+        make_wl("older").queue("a").priority(10).gpu(2).created(0).obj(),
+        make_wl("vip").queue("a").priority(10).gpu(4).created(1).obj(),
+    ]
+    got = schedule(docs, mode="drain", sticky=("default/vip",))
+    assert got["default/older"].status is WorkloadStatus.ADMITTED
+    assert got["default/vip"].status is WorkloadStatus.PENDING
+
+
 def test_a_drain_lets_nothing_else_use_the_quota_of_victims_it_only_asked_for():
     """Found by the property test: in a drain pass nobody is evicted (the preemption service may
     refuse), so a preemptor's victims keep their quota for the rest of the pass. Before, w0's
