@@ -388,16 +388,15 @@ class _Queues:
         lane.workloads.append(wl)
         lane.shapes.append(shape)
 
-    def seal(self, sticky: Collection[str] = (), sticky_lanes: Collection[str] = ()) -> None:
+    def seal(self, sticky: Collection[str] = ()) -> None:
         """Each queue in Kueue's order; a BestEffortFIFO queue's `sticky` workloads (preemptors
-        whose victims are still going; `sticky_lanes` names their queues) first, as Kueue keeps
-        its sticky workload at the head."""
-        for name, lane in self.lanes.items():
+        whose victims are still going) first, as Kueue keeps its sticky workload at the head."""
+        for lane in self.lanes.values():
             # (order, index) pairs sort without a Python key call per workload; the index keeps
             # it stable, as a sort by key alone would be
             wls, shapes = lane.workloads, lane.shapes
             ranked = [i for _, i in sorted(zip(map(_QUEUE_ORDER, wls), range(len(wls)), strict=True))]
-            if name in sticky_lanes and not lane.strict:
+            if sticky and not lane.strict:
                 heads = [i for i in ranked if wls[i].key in sticky]
                 if heads:
                     ranked = heads + [i for i in ranked if wls[i].key not in sticky]
@@ -479,7 +478,6 @@ class _Scheduler:
         # entered, so no id is reused while this runs
         shape_of_object: dict[int, int] = {}
         queue_of: dict[tuple[str, str | None], ClusterQueueState] = {}  # (namespace, queue name)
-        sticky_lanes: set[str] = set()  # the ClusterQueues of the pass's sticky workloads
         for wl in pending:
             if wl.key in self.snap.workloads or wl.key in self.queued_in or wl.admission is not None:
                 continue
@@ -503,9 +501,7 @@ class _Scheduler:
                     self.shape_pod_sets.append(wl.pod_sets)
                 shape_of_object[id(wl.pod_sets)] = shape
             self.queues.add(cq, wl, shape)
-            if sticky and wl.key in sticky:
-                sticky_lanes.add(cq.name)
-        self.queues.seal(sticky, sticky_lanes)
+        self.queues.seal(sticky)
         self.fair = self.snap.config.fair_sharing.enabled
 
     # -- heads
